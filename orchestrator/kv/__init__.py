@@ -1,0 +1,1 @@
+"""Paged KV block manager: plain ints (ids, ref counts, hashes), no tensors."""

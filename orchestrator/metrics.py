@@ -1,0 +1,168 @@
+"""The four serving metrics, defined once for the simulator, the benchmark client and
+the gateway.
+
+- TTFT: arrival to first output token.
+- TPOT: (last token time - first token time) / (output tokens - 1), per request.
+- ITL: gap between two consecutive token arrivals of one request (a streamed chunk that
+  carries several tokens counts as one arrival).
+- Throughput: output tokens per second (and per GPU).
+- Goodput: completed requests per second, and their fraction, meeting every SLO.
+
+All times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+PERCENTILES: tuple[int, ...] = (50, 90, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request as seen by whoever measured it.
+
+    ``token_times`` are the arrival times of output tokens (or of streamed chunks), on
+    the same clock as ``arrival_time``. ``num_output_tokens`` may exceed
+    ``len(token_times)`` when chunks carry several tokens. ``error`` is ``None`` for a
+    completed request.
+    """
+
+    request_id: str
+    arrival_time: float
+    token_times: tuple[float, ...]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    error: str | None = None
+    status_code: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.num_output_tokens > 0 and bool(self.token_times)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival_time if self.token_times else None
+
+    @property
+    def tpot(self) -> float | None:
+        """``None`` for requests with fewer than two output tokens (no decode phase)."""
+        if len(self.token_times) < 2 or self.num_output_tokens < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (self.num_output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    @property
+    def e2e(self) -> float | None:
+        return self.token_times[-1] - self.arrival_time if self.token_times else None
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives in seconds; ``None`` means no bound on that metric."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def met_by(self, r: RequestRecord) -> bool:
+        if not r.ok:
+            return False
+        ttft, tpot = r.ttft, r.tpot
+        if self.ttft_s is not None and (ttft is None or ttft > self.ttft_s):
+            return False
+        # A one-token request has no TPOT; it cannot miss a TPOT bound.
+        return self.tpot_s is None or tpot is None or tpot <= self.tpot_s
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default); NaN for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """Mean and percentiles of one metric, in seconds."""
+
+    mean: float
+    p: dict[int, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Distribution:
+        mean = sum(values) / len(values) if values else math.nan
+        return cls(mean, {q: percentile(values, q) for q in PERCENTILES})
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Aggregate of a run. Rates are per second of ``duration_s``."""
+
+    num_requests: int
+    num_completed: int
+    num_errors: int
+    duration_s: float
+    ttft: Distribution
+    tpot: Distribution
+    itl: Distribution
+    e2e: Distribution
+    output_tokens: int
+    output_throughput: float
+    output_throughput_per_gpu: float
+    request_throughput: float
+    goodput: float
+    goodput_fraction: float
+    slo: SLO
+    errors_by_status: dict[str, int]
+
+
+def summarize(
+    records: Iterable[RequestRecord],
+    duration_s: float,
+    slo: SLO | None = None,
+    num_gpus: int = 1,
+) -> Summary:
+    """Aggregate per-request records over a run of ``duration_s`` seconds.
+
+    Latency distributions cover completed requests only; goodput counts completed
+    requests that meet every bound of ``slo``, its fraction is over all requests.
+    """
+    recs = list(records)
+    slo = slo or SLO()
+    done = [r for r in recs if r.ok]
+    errors: dict[str, int] = {}
+    for r in recs:
+        if not r.ok:
+            key = str(r.status_code) if r.status_code is not None else (r.error or "no tokens")
+            errors[key] = errors.get(key, 0) + 1
+    out_tokens = sum(r.num_output_tokens for r in done)
+    good = sum(1 for r in done if slo.met_by(r))
+    dur = duration_s if duration_s > 0 else math.nan
+    return Summary(
+        num_requests=len(recs),
+        num_completed=len(done),
+        num_errors=len(recs) - len(done),
+        duration_s=duration_s,
+        ttft=Distribution.of([t for r in done if (t := r.ttft) is not None]),
+        tpot=Distribution.of([t for r in done if (t := r.tpot) is not None]),
+        itl=Distribution.of([g for r in done for g in r.itls]),
+        e2e=Distribution.of([t for r in done if (t := r.e2e) is not None]),
+        output_tokens=out_tokens,
+        output_throughput=out_tokens / dur,
+        output_throughput_per_gpu=out_tokens / dur / max(num_gpus, 1),
+        request_throughput=len(done) / dur,
+        goodput=good / dur,
+        goodput_fraction=good / len(recs) if recs else math.nan,
+        slo=slo,
+        errors_by_status=errors,
+    )

@@ -1,0 +1,1 @@
+"""Iteration-level scheduler: plain Python, no torch, FastAPI or TensorRT-LLM."""

@@ -1,0 +1,58 @@
+"""Test doubles shared across suites."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pydantic import BaseModel
+
+from orchestrator.sched.output import SchedulerOutput, StepResult
+
+
+def fake_token(request_id: str, position: int, vocab_size: int = 1000) -> int:
+    """The token a ``FakeExecutor`` samples for a request whose last known token sits at
+    ``position``: a pure function of the request id and position, so a request's
+    output does not depend on batching, chunking or preemption."""
+    digest = hashlib.blake2b(f"{request_id}:{position}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % vocab_size
+
+
+class FakeExecutor:
+    """Deterministic executor: token = f(request id, position); a fixed step time.
+
+    It checks the plan against what an executor may rely on (block tables cover the
+    positions run, block ids are within capacity) and records every plan it saw.
+    """
+
+    class Config(BaseModel):
+        num_blocks: int = 64
+        step_time_s: float = 0.01
+
+    def __init__(self, num_blocks: int = 64, block_size: int = 16, step_time_s: float = 0.01):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.step_time_s = step_time_s
+        self.plans: list[SchedulerOutput] = []
+        self.shut_down = False
+
+    @classmethod
+    def from_config(cls, config: Any, engine: Any) -> FakeExecutor:
+        return cls(config.num_blocks, engine.cache.block_size, config.step_time_s)
+
+    def kv_capacity(self) -> int:
+        return self.num_blocks
+
+    def execute(self, plan: SchedulerOutput) -> StepResult:
+        self.plans.append(plan)
+        sampled: dict[str, int] = {}
+        for s in plan.scheduled:
+            needed_blocks = -(-s.context_len // self.block_size)
+            assert len(s.block_table) >= needed_blocks, (s.request_id, s.block_table)
+            assert all(0 <= b < self.num_blocks for b in s.block_table)
+            if s.sample:
+                sampled[s.request_id] = fake_token(s.request_id, s.context_len - 1)
+        return StepResult(sampled=sampled, duration_s=self.step_time_s)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
