@@ -30,4 +30,3 @@ def token_prompts(
         start = rng.randrange(0, len(tokens) - n + 1)
         prompts.append(tokens[start : start + n])
     return prompts
-

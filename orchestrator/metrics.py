@@ -13,6 +13,7 @@ All times are seconds.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class RequestRecord:
     @property
     def itls(self) -> list[float]:
         t = self.token_times
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(t)]
 
     @property
     def e2e(self) -> float | None:

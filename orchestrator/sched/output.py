@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrator.request import SamplingParams
+from orchestrator.request import FinishReason, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +86,18 @@ class StepResult:
     sampled: dict[str, int]
     duration_s: float
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one step produced for one request: its new token (if it sampled) and, when it
+    ended, why. ``new_logprobs`` is parallel to ``new_token_ids`` when logprobs were
+    asked for, else empty. ``num_output_tokens`` is the total so far."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs]
+    finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int

@@ -1,0 +1,77 @@
+"""A pool of KV blocks as plain ints: ids, reference counts, prefix hashes and a free
+queue in least-recently-used order. No tensors: an executor maps block ids to memory."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+class BlockPool:
+    """Blocks ``0 .. num_blocks - 1``.
+
+    A block is *used* while its reference count is positive. A block with no references
+    sits in the free queue; if it still carries a prefix hash it is *cached*: a new
+    request with the same prefix can take it back (``touch``) instead of recomputing it.
+    New blocks come from the front of the free queue (least recently freed), evicting
+    the cached hash they carry.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[int, int] = {}  # prefix hash -> block id
+        self.num_used = 0
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (cached ones included: they are evictable)."""
+        return len(self.free_queue)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` blocks from the free queue; the caller checked ``n <= num_free``."""
+        if n > len(self.free_queue):
+            raise RuntimeError(f"asked for {n} blocks with {len(self.free_queue)} free")
+        blocks = []
+        for _ in range(n):
+            block, _ = self.free_queue.popitem(last=False)
+            h = self.block_hashes[block]
+            if h is not None:
+                del self.cached[h]
+                self.block_hashes[block] = None
+            self.ref_counts[block] = 1
+            blocks.append(block)
+        self.num_used += n
+        return blocks
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Add a reference to cached blocks a new owner reuses."""
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                del self.free_queue[block]
+                self.num_used += 1
+            self.ref_counts[block] += 1
+
+    def release(self, blocks: Iterable[int]) -> None:
+        """Drop one reference from each block; blocks left with none join the free queue's
+        back in the order given (pass a sequence's blocks tail first, so its tail is
+        evicted before the prefix other requests are likelier to share)."""
+        for block in blocks:
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
+                self.num_used -= 1
+
+    def cache(self, block: int, block_hash: int) -> None:
+        """Register a full, computed block under its prefix hash. A hash already cached
+        under another block keeps that block (two requests computed the same content)."""
+        if block_hash not in self.cached and self.block_hashes[block] is None:
+            self.cached[block_hash] = block
+            self.block_hashes[block] = block_hash
+
+    def lookup(self, block_hash: int) -> int | None:
+        return self.cached.get(block_hash)

@@ -1,0 +1,387 @@
+"""Iteration-level scheduler (Orca) over a paged KV cache (vLLM) with chunked prefill
+under a token budget (Sarathi-Serve), priorities with aging, and preemption by
+recompute.
+
+Each step, in this order:
+1. Priority preemption: if the best waiting request has a strictly better priority than
+   a running one and the batch is full (or its first chunk does not fit the KV pool),
+   the worst running request yields.
+2. Running requests, best first, get their decode token; a request whose next block
+   cannot be allocated preempts the worst running request below it (or itself).
+3. What is left of the budget goes to prefill chunks of at most ``chunk_size`` tokens:
+   first running requests part-way through their prompt, then waiting requests in
+   policy order, admitted while the batch cap and the KV pool allow. Admission stops at
+   the first request that does not fit, so the policy order holds.
+Requests preempted in a step are not readmitted in the same step.
+
+``static`` mode is request-level batching, kept only as the benchmarks' baseline: a
+batch is admitted when nothing runs, with KV reserved for each request's whole
+lifetime, and no request joins until every one of the batch has finished.
+Without ``chunked_prefill``, prompts are prefilled whole in prefill-only steps while
+decodes wait (the behaviour chunked prefill improves on).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from orchestrator.config import SchedulerConfig
+from orchestrator.errors import AdmissionError, OverloadedError
+from orchestrator.kv.manager import KVCacheManager
+from orchestrator.request import Request, RequestStatus
+from orchestrator.sched.output import (
+    RequestOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepResult,
+)
+from orchestrator.sched.policy import WaitingQueue
+
+
+class Scheduler:
+    """Decides, each step, which requests run how many tokens.
+
+    ``schedule(now)`` returns the step's plan; ``update(plan, result, now)`` applies what
+    the executor did and returns one ``RequestOutput`` per request that produced a token
+    or finished. Times are seconds on the engine's clock.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting = WaitingQueue(config.policy, config.aging_rate)
+        self.running: list[Request] = []  # best first by waiting.running_key
+        self.requests: dict[str, Request] = {}  # every waiting or running request
+        self.num_preemptions = 0
+        self._freed_ids: list[str] = []
+        self._preempted_ids: list[str] = []
+        # Per-step state, reset by schedule().
+        self._scheduled: dict[str, ScheduledRequest] = {}
+        self._budget = 0
+        self._just_preempted: set[str] = set()
+        self._kv_preempted = False
+
+    # ------------------------------------------------------------------ submission
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request, or raise with nothing queued: ``AdmissionError`` when it can
+        never be served, ``OverloadedError`` when the waiting queue is at its limits."""
+        self.check_admissible(request)
+        cfg = self.config
+        if len(self.waiting) >= cfg.max_waiting_requests:
+            raise OverloadedError(
+                f"server busy: {len(self.waiting)} requests already waiting "
+                f"(max_waiting_requests={cfg.max_waiting_requests})"
+            )
+        if self.waiting.num_tokens + request.num_prompt_tokens > cfg.max_waiting_tokens:
+            raise OverloadedError(
+                f"server busy: {self.waiting.num_tokens} prompt tokens already waiting "
+                f"(max_waiting_tokens={cfg.max_waiting_tokens})"
+            )
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.push(request)
+
+    def check_admissible(self, request: Request) -> None:
+        """Raise ``AdmissionError`` if the request could never run to completion."""
+        if request.request_id in self.requests:
+            raise AdmissionError(f"request id {request.request_id!r} is already in use")
+        n_prompt, max_tokens = request.num_prompt_tokens, request.sampling.max_tokens
+        lifetime = n_prompt + max_tokens
+        if lifetime > self.max_model_len:
+            raise AdmissionError(
+                f"prompt has {n_prompt} tokens and max_tokens is {max_tokens}: together "
+                f"{lifetime}, over the model's maximum context of {self.max_model_len} tokens"
+            )
+        blocks = self.kv.blocks_for(lifetime)
+        if blocks > self.kv.num_blocks:
+            raise AdmissionError(
+                f"prompt plus max_tokens ({lifetime} tokens) needs {blocks} KV blocks; "
+                f"the KV pool holds {self.kv.num_blocks}"
+            )
+        if not self.config.chunked_prefill and lifetime > self.config.max_num_tokens:
+            raise AdmissionError(
+                f"without chunked prefill, prompt plus max_tokens ({lifetime} tokens) must "
+                f"fit one step's budget (max_num_tokens={self.config.max_num_tokens})"
+            )
+
+    def abort(self, request_id: str, now: float) -> Request | None:
+        """Remove a waiting or running request and free its blocks at once. Returns it, or
+        ``None`` if no live request has that id."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+        request.finish_time = now
+        self._freed_ids.append(request_id)
+        return request
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.requests) or bool(self._freed_ids) or bool(self._preempted_ids)
+
+    # ------------------------------------------------------------------ scheduling
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        cfg = self.config
+        self._scheduled = {}
+        self._budget = cfg.max_num_tokens
+        self._just_preempted = set()
+        self._kv_preempted = False
+        if cfg.mode == "static":
+            if not self.running:
+                self._admit_static_batch(now)
+            self._schedule_running(now)
+        elif not cfg.chunked_prefill and self._admit_waiting(now, whole_prompts=True):
+            pass  # a prefill-only step: decodes wait for the next one
+        else:
+            if cfg.priority_preemption:
+                self._preempt_for_priority(now)
+            self._schedule_running(now)
+            # After running requests had to yield for blocks, admitting new ones would
+            # only grow the pressure that caused it.
+            if not self._kv_preempted:
+                self._admit_waiting(now, whole_prompts=not cfg.chunked_prefill)
+        plan = SchedulerOutput(
+            scheduled=list(self._scheduled.values()),
+            preempted_ids=self._preempted_ids,
+            finished_ids=self._freed_ids,
+        )
+        self._preempted_ids, self._freed_ids = [], []
+        return plan
+
+    def _schedule_running(self, now: float) -> None:
+        """Decode tokens for every running request first, then prefill chunks for the
+        ones part-way through their prompt."""
+        prefilling = []
+        for request in list(self.running):
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if request.num_uncomputed_tokens > 1:
+                prefilling.append(request)
+            elif self._budget > 0:
+                self._schedule_or_preempt(request, 1, now)
+        for request in prefilling:
+            if self._budget == 0:
+                break
+            if request.status == RequestStatus.RUNNING:
+                n = min(request.num_uncomputed_tokens, self.config.chunk_size, self._budget)
+                self._schedule_or_preempt(request, n, now)
+
+    def _schedule_or_preempt(self, request: Request, n: int, now: float) -> None:
+        """Give ``request`` ``n`` tokens, preempting others (or itself) until its blocks fit."""
+        while self.kv.allocate(request, n) is None:
+            victim = self._choose_victim(request)
+            self._preempt(victim, now)
+            self._kv_preempted = True
+            if victim is request:
+                return
+        self._add_to_plan(request, n)
+
+    def _choose_victim(self, request: Request) -> Request:
+        """The running request to preempt so that ``request`` can grow.
+
+        Prefer the worst request below it that is under the preemption cap, then itself,
+        then any request under the cap; if every request is at the cap, progress wins
+        over the cap and the worst other request yields."""
+        cap = self.config.max_preemptions
+        position = self.running.index(request)
+        below = self.running[position + 1 :]
+        for victim in reversed(below):
+            if victim.num_preemptions < cap:
+                return victim
+        if request.num_preemptions < cap:
+            return request
+        for victim in reversed(self.running):
+            if victim.num_preemptions < cap and victim is not request:
+                return victim
+        others = [r for r in self.running if r is not request]
+        return others[-1] if others else request
+
+    def _preempt_for_priority(self, now: float) -> None:
+        candidate = self.waiting.peek()
+        if candidate is None:
+            return
+        first_chunk = min(candidate.num_tokens, self.config.chunk_size)
+        cap = self.config.max_preemptions
+        while self.running:
+            batch_full = len(self.running) >= self.config.max_batch_size
+            kv_short = self.kv.blocks_for(first_chunk) > self.kv.num_free_blocks
+            if not (batch_full or kv_short):
+                return
+            victim = next(
+                (
+                    r
+                    for r in reversed(self.running)
+                    if r.priority > candidate.priority and r.num_preemptions < cap
+                ),
+                None,
+            )
+            if victim is None:
+                return
+            self._preempt(victim, now)
+
+    def _admit_waiting(self, now: float, whole_prompts: bool) -> bool:
+        """Admit waiting requests in policy order with a first chunk each (the whole
+        prompt if ``whole_prompts``). Returns whether any was admitted."""
+        cfg = self.config
+        deferred = []
+        admitted = False
+        while self._budget > 0 and len(self.running) < cfg.max_batch_size:
+            request = self.waiting.peek()
+            if request is None:
+                break
+            if request.request_id in self._just_preempted:
+                deferred.append(self.waiting.pop())
+                continue
+            prefix = self.kv.find_cached_prefix(request)
+            remaining = request.num_tokens - len(prefix) * self.kv.block_size
+            if whole_prompts:
+                if remaining > self._budget:
+                    break
+                n = remaining
+            else:
+                n = min(remaining, cfg.chunk_size, self._budget)
+            # Keep a block of headroom per running request: each will need one within
+            # block_size steps, and admitting into that headroom only causes preemptions.
+            need = self.kv.blocks_for(len(prefix) * self.kv.block_size + n) - len(prefix)
+            if need + len(self.running) > self.kv.num_free_blocks:
+                break
+            if self.kv.allocate(request, n, prefix) is None:
+                break
+            self.waiting.pop()
+            request.num_computed_tokens = len(prefix) * self.kv.block_size
+            self._start_running(request, now)
+            self._add_to_plan(request, n)
+            admitted = True
+        for request in deferred:
+            self.waiting.push(request)
+        return admitted
+
+    def _admit_static_batch(self, now: float) -> None:
+        """Admit up to ``max_batch_size`` requests whose whole-lifetime KV fits together."""
+        free = self.kv.num_free_blocks
+        while len(self.running) < self.config.max_batch_size:
+            request = self.waiting.peek()
+            if request is None:
+                break
+            remaining_out = request.sampling.max_tokens - request.num_output_tokens
+            need = self.kv.blocks_for(request.num_tokens + remaining_out)
+            if need > free:
+                break
+            free -= need
+            self.waiting.pop()
+            self.kv.allocate(request, 0, self.kv.find_cached_prefix(request))
+            request.num_computed_tokens = len(self.kv.block_table(request.request_id)) * (
+                self.kv.block_size
+            )
+            self._start_running(request, now)
+
+    def _start_running(self, request: Request, now: float) -> None:
+        request.status = RequestStatus.RUNNING
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = now
+        bisect.insort(self.running, request, key=self.waiting.running_key)
+
+    def _add_to_plan(self, request: Request, n: int) -> None:
+        start = request.num_computed_tokens
+        self._scheduled[request.request_id] = ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.token_ids(start, start + n),
+            start_position=start,
+            block_table=list(self.kv.req_blocks[request.request_id]),
+            sample=start + n == request.num_tokens,
+            sampling=request.sampling,
+        )
+        self._budget -= n
+
+    def _preempt(self, request: Request, now: float) -> None:
+        """Recompute-mode preemption: free the blocks, keep the tokens, requeue."""
+        self.running.remove(request)
+        planned = self._scheduled.pop(request.request_id, None)
+        if planned is not None:
+            self._budget += planned.num_tokens
+        self.kv.free(request, keep_hashes=True)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push(request)
+        self._preempted_ids.append(request.request_id)
+        self._just_preempted.add(request.request_id)
+
+    # ------------------------------------------------------------------ results
+
+    def update(self, plan: SchedulerOutput, result: StepResult, now: float) -> list[RequestOutput]:
+        """Apply a step's result: advance computed tokens, append sampled tokens, finish
+        requests that hit a stop token or their length limit (freeing their blocks).
+        ``now`` is when the step's tokens became available."""
+        outputs = []
+        finished = False
+        for planned in plan.scheduled:
+            request = self.requests.get(planned.request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += planned.num_tokens
+            self.kv.commit(request)
+            if not planned.sample:
+                continue
+            try:
+                token = result.sampled[planned.request_id]
+            except KeyError:
+                raise RuntimeError(
+                    f"executor returned no token for {planned.request_id!r}, which samples "
+                    "this step"
+                ) from None
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            status = self._stop_status(request, token)
+            if status is not None:
+                self._finish(request, status, now)
+                finished = True
+            logprobs = result.logprobs.get(planned.request_id)
+            outputs.append(
+                RequestOutput(
+                    request_id=request.request_id,
+                    new_token_ids=[token],
+                    new_logprobs=[logprobs] if logprobs is not None else [],
+                    finished=status is not None,
+                    finish_reason=request.finish_reason,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_output_tokens=request.num_output_tokens,
+                )
+            )
+        if finished:
+            self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        return outputs
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        if token in request.sampling.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if (
+            request.num_output_tokens >= request.sampling.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus, now: float) -> None:
+        request.status = status
+        request.finish_time = now
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._freed_ids.append(request.request_id)
