@@ -100,6 +100,16 @@ class KVCacheManager:
         with nothing changed when the pool cannot hold it."""
         rid = request.request_id
         blocks = self.req_blocks.get(rid)
+        if blocks is not None and not cached_prefix:
+            # Hot path (a running request's next tokens): most steps need no new block.
+            positions = request.num_computed_tokens + num_new_tokens
+            need = -(-positions // self.block_size) - len(blocks)
+            if need <= 0:
+                return blocks
+            if need > self.pool.num_free:
+                return None
+            blocks.extend(self.pool.allocate(need))
+            return blocks
         prefix = cached_prefix or []
         if blocks is None:
             blocks = []
@@ -125,12 +135,10 @@ class KVCacheManager:
     def commit(self, request: Request) -> None:
         """Register the request's newly full, computed blocks in the prefix cache. Call
         after ``num_computed_tokens`` moved forward."""
-        if not self.enable_prefix_caching:
-            return
         rid = request.request_id
-        done = self._num_cached.get(rid, 0)
         full = request.num_computed_tokens // self.block_size
-        if full <= done:
+        done = self._num_cached.get(rid, 0)
+        if full <= done or not self.enable_prefix_caching:
             return
         hashes = self._block_hashes(request)
         blocks = self.req_blocks[rid]

@@ -1,19 +1,20 @@
 """What the scheduler decides each step: plain data, the only thing an executor sees.
 
 Executors never import or mutate ``Request``; they read a ``SchedulerOutput`` and
-answer with a ``StepResult``. The torch executor, the simulator and the TensorRT-LLM
+answer with a ``StepResult``. Per-request records are NamedTuples: immutable and cheap
+to build, since the scheduler makes one per running request per step. The torch executor, the simulator and the TensorRT-LLM
 adapter all consume the same decision.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from orchestrator.request import FinishReason, SamplingParams
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
     """One request's share of a step.
 
     ``token_ids`` sit at positions ``start_position .. start_position + len(token_ids) - 1``.
@@ -64,13 +65,12 @@ class SchedulerOutput:
         return not self.scheduled
 
 
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
+class TokenLogprobs(NamedTuple):
     """Log-probability of the chosen token and the top alternatives (``(token, logprob)``,
     best first)."""
 
     logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
+    top: list[tuple[int, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +88,7 @@ class StepResult:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
+class RequestOutput(NamedTuple):
     """What one step produced for one request: its new token (if it sampled) and, when it
     ended, why. ``new_logprobs`` is parallel to ``new_token_ids`` when logprobs were
     asked for, else empty. ``num_output_tokens`` is the total so far."""

@@ -28,7 +28,7 @@ import bisect
 from orchestrator.config import SchedulerConfig
 from orchestrator.errors import AdmissionError, OverloadedError
 from orchestrator.kv.manager import KVCacheManager
-from orchestrator.request import Request, RequestStatus
+from orchestrator.request import FINISH_REASONS, Request, RequestStatus
 from orchestrator.sched.output import (
     RequestOutput,
     ScheduledRequest,
@@ -170,7 +170,7 @@ class Scheduler:
         for request in list(self.running):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if request.num_uncomputed_tokens > 1:
+            if request.num_tokens - request.num_computed_tokens > 1:
                 prefilling.append(request)
             elif self._budget > 0:
                 self._schedule_or_preempt(request, 1, now)
@@ -298,13 +298,14 @@ class Scheduler:
 
     def _add_to_plan(self, request: Request, n: int) -> None:
         start = request.num_computed_tokens
-        self._scheduled[request.request_id] = ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.token_ids(start, start + n),
-            start_position=start,
-            block_table=list(self.kv.req_blocks[request.request_id]),
-            sample=start + n == request.num_tokens,
-            sampling=request.sampling,
+        rid = request.request_id
+        self._scheduled[rid] = ScheduledRequest(
+            rid,
+            request.token_ids(start, start + n),
+            start,
+            list(self.kv.req_blocks[rid]),
+            start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
+            request.sampling,
         )
         self._budget -= n
 
@@ -331,21 +332,19 @@ class Scheduler:
         ``now`` is when the step's tokens became available."""
         outputs = []
         finished = False
+        sampled, all_logprobs = result.sampled, result.logprobs
         for planned in plan.scheduled:
-            request = self.requests.get(planned.request_id)
+            rid = planned.request_id
+            request = self.requests.get(rid)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
-            request.num_computed_tokens += planned.num_tokens
+            request.num_computed_tokens += len(planned.token_ids)
             self.kv.commit(request)
             if not planned.sample:
                 continue
-            try:
-                token = result.sampled[planned.request_id]
-            except KeyError:
-                raise RuntimeError(
-                    f"executor returned no token for {planned.request_id!r}, which samples "
-                    "this step"
-                ) from None
+            token = sampled.get(rid)
+            if token is None:
+                raise RuntimeError(f"executor returned no token for {rid!r}, which samples")
             request.output_token_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -353,16 +352,16 @@ class Scheduler:
             if status is not None:
                 self._finish(request, status, now)
                 finished = True
-            logprobs = result.logprobs.get(planned.request_id)
+            logprobs = all_logprobs.get(rid) if all_logprobs else None
             outputs.append(
                 RequestOutput(
-                    request_id=request.request_id,
-                    new_token_ids=[token],
-                    new_logprobs=[logprobs] if logprobs is not None else [],
-                    finished=status is not None,
-                    finish_reason=request.finish_reason,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_output_tokens=request.num_output_tokens,
+                    rid,
+                    [token],
+                    [logprobs] if logprobs is not None else [],
+                    status is not None,
+                    FINISH_REASONS.get(status) if status is not None else None,
+                    len(request.prompt_token_ids),
+                    len(request.output_token_ids),
                 )
             )
         if finished:
@@ -372,9 +371,10 @@ class Scheduler:
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         if token in request.sampling.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
+        n_out = len(request.output_token_ids)
         if (
-            request.num_output_tokens >= request.sampling.max_tokens
-            or request.num_tokens >= self.max_model_len
+            n_out >= request.sampling.max_tokens
+            or n_out + len(request.prompt_token_ids) >= self.max_model_len
         ):
             return RequestStatus.FINISHED_LENGTH
         return None

@@ -1,0 +1,76 @@
+"""Factories for requests, schedulers and engines over the fake executor."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from orchestrator.config import SchedulerConfig
+from orchestrator.engine.clock import VirtualClock
+from orchestrator.engine.core import EngineCore, EngineStep
+from orchestrator.kv.manager import KVCacheManager
+from orchestrator.request import Request, SamplingParams
+from orchestrator.sched.scheduler import Scheduler
+from tests.fakes import FakeExecutor
+
+_ids = itertools.count()
+
+
+def make_request(
+    prompt_len: int = 8,
+    max_tokens: int = 4,
+    *,
+    request_id: str | None = None,
+    priority: int = 0,
+    arrival_time: float = 0.0,
+    prompt: list[int] | None = None,
+    **sampling: Any,
+) -> Request:
+    rid = request_id if request_id is not None else f"req-{next(_ids)}"
+    tokens = prompt if prompt is not None else [(7 * i + 3) % 1000 for i in range(prompt_len)]
+    return Request(
+        rid,
+        tokens,
+        SamplingParams(max_tokens=max_tokens, **sampling),
+        priority=priority,
+        arrival_time=arrival_time,
+    )
+
+
+def make_scheduler(
+    num_blocks: int = 64,
+    block_size: int = 16,
+    max_model_len: int = 4096,
+    prefix_caching: bool = True,
+    **config: Any,
+) -> Scheduler:
+    kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+    return Scheduler(SchedulerConfig(**config), kv, max_model_len)
+
+
+def make_engine(
+    num_blocks: int = 64, block_size: int = 16, max_model_len: int = 4096, **config: Any
+) -> tuple[EngineCore, VirtualClock]:
+    """An engine over ``FakeExecutor`` on a virtual clock (10 ms per step)."""
+    scheduler = make_scheduler(num_blocks, block_size, max_model_len, **config)
+    clock = VirtualClock()
+    return EngineCore(scheduler, FakeExecutor(num_blocks, block_size), clock), clock
+
+
+def run_step(engine: EngineCore, clock: VirtualClock) -> EngineStep:
+    """One step, with the clock moved to its end and the KV integrity checked."""
+    step = engine.step()
+    clock.advance_to(step.start_time + step.duration_s)
+    engine.scheduler.kv.integrity_check()
+    return step
+
+
+def run_to_completion(
+    engine: EngineCore, clock: VirtualClock, max_steps: int = 100_000
+) -> list[EngineStep]:
+    steps = []
+    while engine.has_work():
+        steps.append(run_step(engine, clock))
+        if len(steps) > max_steps:
+            raise AssertionError(f"engine still busy after {max_steps} steps")
+    return steps

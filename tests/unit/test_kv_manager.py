@@ -1,0 +1,177 @@
+"""KV block manager: focused cases and a hypothesis state machine over random
+allocate / compute / append / preempt / free sequences with shared prefixes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+
+from orchestrator.kv.block_pool import BlockPool
+from orchestrator.kv.manager import KVCacheManager
+from orchestrator.request import Request
+from tests.factories import make_request
+
+BS = 4
+
+
+def compute(kv: KVCacheManager, r: Request, n: int, prefix: list[int] | None = None) -> bool:
+    """Allocate and mark ``n`` tokens computed, as the scheduler does; False if no room."""
+    if kv.allocate(r, n, prefix) is None:
+        return False
+    if prefix:
+        r.num_computed_tokens = len(prefix) * kv.block_size
+    r.num_computed_tokens += n
+    kv.commit(r)
+    return True
+
+
+def test_allocate_covers_positions_and_free_returns_blocks() -> None:
+    kv = KVCacheManager(8, BS)
+    r = make_request(prompt_len=10)
+    assert compute(kv, r, 10)
+    assert len(kv.block_table(r.request_id)) == 3  # 10 tokens in blocks of 4
+    assert kv.num_used_blocks == 3
+    kv.free(r)
+    assert kv.num_used_blocks == 0 and kv.num_free_blocks == 8
+    kv.integrity_check()
+
+
+def test_allocate_answers_none_and_changes_nothing_when_full() -> None:
+    kv = KVCacheManager(3, BS)
+    a, b = make_request(prompt_len=8), make_request(prompt_len=8)
+    assert compute(kv, a, 8)
+    before = (kv.num_free_blocks, dict(kv.req_blocks))
+    assert kv.allocate(b, 8) is None
+    assert (kv.num_free_blocks, dict(kv.req_blocks)) == before
+    kv.integrity_check()
+
+
+def test_prefix_blocks_are_reused_and_last_token_is_left_to_compute() -> None:
+    kv = KVCacheManager(16, BS)
+    shared = list(range(100, 112))  # three full blocks
+    a = make_request(prompt=[*shared, 1, 2])
+    assert compute(kv, a, a.num_tokens)
+    kv.free(a)  # blocks stay cached
+    b = make_request(prompt=[*shared, 7])
+    hits = kv.find_cached_prefix(b)
+    assert len(hits) == 3
+    assert compute(kv, b, b.num_tokens - 12, hits)
+    assert kv.block_table(b.request_id)[:3] == hits
+    # A prompt that is exactly the cached blocks still leaves its last block to compute.
+    c = make_request(prompt=list(shared))
+    assert len(kv.find_cached_prefix(c)) == 2
+    kv.integrity_check()
+
+
+def test_freed_tail_blocks_are_evicted_before_the_prefix() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(3)
+    for i, b in enumerate(blocks):
+        pool.cache(b, 1000 + i)
+    pool.release(reversed(blocks))
+    # The never-used block goes first, then the request's tail, its prefix last.
+    assert pool.allocate(2) == [3, blocks[2]]
+    assert pool.lookup(1000) == blocks[0] and pool.lookup(1002) is None
+
+
+def test_prefix_caching_off_never_reuses() -> None:
+    kv = KVCacheManager(8, BS, enable_prefix_caching=False)
+    a = make_request(prompt=list(range(9)))
+    assert compute(kv, a, 9)
+    kv.free(a)
+    assert kv.find_cached_prefix(make_request(prompt=list(range(9)))) == []
+    assert not kv.pool.cached
+
+
+def test_integrity_check_catches_a_leak() -> None:
+    kv = KVCacheManager(4, BS)
+    r = make_request(prompt_len=4)
+    assert compute(kv, r, 4)
+    kv.req_blocks.pop(r.request_id)  # drop ownership without releasing
+    with pytest.raises(AssertionError, match="reference counts"):
+        kv.integrity_check()
+
+
+# A small alphabet and a few shared stems make prefix hits frequent.
+STEMS = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9], [5, 5, 5, 5]]
+
+
+class KVStateMachine(RuleBasedStateMachine):
+    """Random lifecycles against a shadow model of what each block holds."""
+
+    requests = Bundle("requests")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheManager(12, BS)
+        self.live: dict[str, Request] = {}
+        self.content: dict[int, dict[int, int]] = {}  # block -> offset -> token
+        self.count = 0
+
+    @rule(
+        target=requests,
+        stem=st.sampled_from(STEMS),
+        tail=st.lists(st.integers(0, 3), min_size=1, max_size=10),
+    )
+    def add(self, stem: list[int], tail: list[int]) -> Request:
+        self.count += 1
+        r = Request(f"r{self.count}", [*stem, *tail])
+        self.live[r.request_id] = r
+        return r
+
+    def _record(self, r: Request, start: int, stop: int) -> None:
+        table = self.kv.block_table(r.request_id)
+        for pos in range(start, stop):
+            token = r.token_ids(pos, pos + 1)[0]
+            self.content.setdefault(table[pos // BS], {})[pos % BS] = token
+
+    @rule(r=requests, n=st.integers(1, 12))
+    def step(self, r: Request, n: int) -> None:
+        if r.request_id not in self.live or r.num_uncomputed_tokens == 0:
+            return
+        n = min(n, r.num_uncomputed_tokens)
+        prefix = None
+        if r.request_id not in self.kv.req_blocks:
+            prefix = self.kv.find_cached_prefix(r)
+            for i, block in enumerate(prefix):
+                # A reused block must hold exactly this request's tokens.
+                expected = r.token_ids(i * BS, (i + 1) * BS)
+                assert [self.content[block][o] for o in range(BS)] == expected
+            n = min(n, r.num_tokens - len(prefix) * BS)
+        start = len(prefix) * BS if prefix else r.num_computed_tokens
+        if compute(self.kv, r, n, prefix):
+            self._record(r, start, start + n)
+
+    @rule(r=requests, token=st.integers(0, 3))
+    def append_output(self, r: Request, token: int) -> None:
+        if r.request_id in self.live and r.num_uncomputed_tokens == 0:
+            r.output_token_ids.append(token)
+
+    @rule(r=requests)
+    def preempt(self, r: Request) -> None:
+        if r.request_id in self.live:
+            self.kv.free(r, keep_hashes=True)
+            r.num_computed_tokens = 0
+
+    @rule(r=consumes(requests))
+    def finish(self, r: Request) -> None:
+        if self.live.pop(r.request_id, None) is not None:
+            self.kv.free(r)
+
+    @invariant()
+    def blocks_accounted_for(self) -> None:
+        self.kv.integrity_check()
+        owned = {b for blocks in self.kv.req_blocks.values() for b in blocks}
+        assert self.kv.num_used_blocks == len(owned)
+
+    def teardown(self) -> None:
+        for r in self.live.values():
+            self.kv.free(r)
+        self.kv.integrity_check()
+        assert self.kv.num_free_blocks == self.kv.num_blocks, "blocks leaked"
+
+
+TestKVStateMachine = KVStateMachine.TestCase
+TestKVStateMachine.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
