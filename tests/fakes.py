@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from orchestrator.sched.output import SchedulerOutput, StepResult
 
@@ -26,6 +26,8 @@ class FakeExecutor:
     """
 
     class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
         num_blocks: int = 64
         step_time_s: float = 0.01
 
