@@ -14,8 +14,8 @@ from orchestrator.config import StrictModel, load_yaml
 
 CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
 
-DType = Literal["bf16", "fp16", "fp8", "fp32"]
-DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+DType = Literal["bf16", "fp16", "fp8", "int8", "fp32"]
+DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
 
 
 class ModelSpec(StrictModel):
@@ -69,7 +69,7 @@ class GPUSpec(StrictModel):
     flops_efficiency: float = Field(1.0, gt=0, le=1.5)
 
     def flops(self, dtype: DType) -> float:
-        if dtype == "fp8":
+        if dtype in ("fp8", "int8"):
             if self.fp8_flops is None:
                 raise ValueError(f"{self.name} has no FP8 tensor cores")
             return self.fp8_flops

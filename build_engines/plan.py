@@ -1,0 +1,81 @@
+"""A build plan: the spec with everything derived from it before anything runs
+(validation findings, memory plan, output layout, exact commands)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from build_engines.commands import (
+    Layout,
+    Toolchain,
+    build_argv,
+    describe_download,
+    quantize_argv,
+)
+from build_engines.memory import MemoryPlan, plan_memory
+from build_engines.spec import BuildSpec, load_build_spec
+from build_engines.validate import Finding, RuleInput, Severity, validate
+from orchestrator.specs import GPUSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    spec: BuildSpec
+    model: ModelSpec
+    gpu: GPUSpec
+    toolchain: Toolchain
+    layout: Layout
+    memory: MemoryPlan
+    findings: tuple[Finding, ...]
+    spec_path: Path | None = None
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.WARNING]
+
+    @property
+    def download(self) -> str:
+        return describe_download(self.spec, self.layout)
+
+    @property
+    def quantize_argv(self) -> list[str]:
+        return quantize_argv(self.spec, self.layout, self.toolchain)
+
+    @property
+    def build_argv(self) -> list[str] | None:
+        """``trtllm-build`` command, or ``None`` for the PyTorch backend (no engine)."""
+        if self.spec.backend != "engine":
+            return None
+        return build_argv(self.spec, self.layout, self.toolchain)
+
+
+def make_plan(
+    spec: BuildSpec,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    toolchain: Toolchain,
+    *,
+    cwd: Path | None = None,
+    spec_path: Path | None = None,
+) -> BuildPlan:
+    """Plan ``spec``; a relative ``output_dir`` is taken from ``cwd`` (default: the
+    current directory)."""
+    root = spec.output_dir.expanduser()
+    if not root.is_absolute():
+        root = (cwd or Path.cwd()) / root
+    memory = plan_memory(spec, model, gpu)
+    findings = validate(RuleInput(spec, model, gpu, memory))
+    return BuildPlan(spec, model, gpu, toolchain, Layout(root), memory, tuple(findings), spec_path)
+
+
+def plan_from_file(path: str | Path, toolchain: Toolchain, *, cwd: Path | None = None) -> BuildPlan:
+    """Load the spec at ``path`` (raises ``ConfigError``) and plan it."""
+    loaded = load_build_spec(path)
+    return make_plan(
+        loaded.spec, loaded.model, loaded.gpu, toolchain, cwd=cwd, spec_path=loaded.path
+    )
