@@ -11,7 +11,11 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "orchestrator.gateway.cli",
+    "orchestrator.sim.cli",
+    "orchestrator.bench.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

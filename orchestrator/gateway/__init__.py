@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP gateway (FastAPI): the only package that imports FastAPI."""

@@ -1,0 +1,75 @@
+"""The FastAPI application: routes, error mapping, middleware and the engine's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping
+
+from fastapi import FastAPI
+
+from orchestrator.config import EngineConfig
+from orchestrator.engine.async_engine import AsyncEngine
+from orchestrator.gateway.auth import APIKeyMiddleware, configured_keys
+from orchestrator.gateway.errors import install_error_handlers
+from orchestrator.gateway.lifecycle import GatewayLifecycle, Loader
+from orchestrator.gateway.metrics import GatewayMetrics
+from orchestrator.gateway.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from orchestrator.gateway.routes import router
+from orchestrator.gateway.serving import OpenAIServing
+from orchestrator.gateway.tokenizer import Tokenizer
+
+
+def create_app(
+    config: EngineConfig, loader: Loader, environ: Mapping[str, str] = os.environ
+) -> FastAPI:
+    """An app serving ``config.model.name``. ``loader`` builds the engine core and the
+    tokenizer; it runs in a background thread at startup, so ``/health`` answers while
+    the model loads. API keys are read from ``config.server`` and ``environ``."""
+    server = config.server
+    lifecycle: GatewayLifecycle
+    metrics = GatewayMetrics(lambda: lifecycle.engine_stats())
+
+    def make_serving(engine: AsyncEngine, tokenizer: Tokenizer) -> OpenAIServing:
+        return OpenAIServing(
+            engine,
+            tokenizer,
+            config.model.name,
+            metrics,
+            lifecycle.in_flight,
+            log_prompts=server.log_prompts,
+        )
+
+    lifecycle = GatewayLifecycle(make_serving)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(lifecycle.load(loader))
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await lifecycle.shutdown()
+
+    app = FastAPI(
+        title="orchestrator",
+        summary="OpenAI-compatible inference gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.lifecycle = lifecycle
+    app.state.metrics = metrics
+    app.state.model_name = config.model.name
+    install_error_handlers(app)
+    app.include_router(router)
+    # Added innermost first: request id (outermost) -> API key -> body-size limit.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=server.max_body_bytes)
+    keys = configured_keys(server, environ)
+    if keys:
+        app.add_middleware(APIKeyMiddleware, keys=keys)
+    app.add_middleware(RequestIdMiddleware)
+    return app

@@ -1,0 +1,141 @@
+"""Prometheus metrics of the gateway, in a registry of its own (no global state).
+
+Latencies come from ``orchestrator.metrics.RequestRecord``, so TTFT, TPOT, inter-token
+latency and end-to-end latency mean here exactly what they mean in the simulator and the
+benchmark client. Each engine request (one choice of an API request) is one record: its
+arrival is when the API request reached the gateway, its token times are when each
+step's tokens reached the serving layer. Latencies cover requests that finished with
+``stop`` or ``length``. Engine gauges are read from the engine's stats at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from orchestrator.engine.core import EngineStats
+from orchestrator.metrics import RequestRecord
+from orchestrator.request import FinishReason
+
+PREFIX = "orchestrator"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80)
+TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+
+class _EngineCollector(Collector):
+    """Gauges and the preemption counter, from the engine's latest stats."""
+
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        if stats is None:  # the model is still loading
+            return
+        gauges = {
+            "num_requests_running": ("Requests in the running batch.", stats.num_running),
+            "num_requests_waiting": ("Requests waiting for admission.", stats.num_waiting),
+            "kv_blocks_used": ("KV cache blocks held by live requests.", stats.kv_blocks_used),
+            "kv_blocks_total": ("KV cache blocks in the pool.", stats.kv_blocks_total),
+        }
+        for name, (doc, value) in gauges.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+        yield GaugeMetricFamily(
+            f"{PREFIX}_kv_cache_usage_ratio", "Fraction of KV blocks in use (0..1).", value=usage
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_preemptions",
+            "Requests preempted (recompute) since start.",
+            value=stats.num_preemptions,
+        )
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics. ``stats`` returns the engine's latest stats, or
+    ``None`` while no engine runs."""
+
+    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "Arrival at the gateway to the first output token (TTFT).",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            f"{PREFIX}_time_per_output_token_seconds",
+            "(last token time - first token time) / (output tokens - 1), per request (TPOT).",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds",
+            "Gap between consecutive token arrivals of one request (ITL).",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            f"{PREFIX}_queue_time_seconds",
+            "Arrival at the gateway to first being scheduled.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds",
+            "Arrival at the gateway to the last output token.",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "Engine requests (one per choice) that ended, by finish reason.",
+            ["finish_reason"],
+            registry=r,
+        )
+        for reason in FinishReason:
+            self.requests.labels(finish_reason=reason.value)
+        self.rejected = Counter(
+            f"{PREFIX}_requests_rejected",
+            "API requests rejected with 429 because the waiting queue was full.",
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            f"{PREFIX}_prompt_tokens", "Prompt tokens of API requests (as in usage).", registry=r
+        )
+        self.generation_tokens = Counter(
+            f"{PREFIX}_generation_tokens", "Output tokens generated (as in usage).", registry=r
+        )
+        r.register(_EngineCollector(stats))
+
+    def observe_request(
+        self, record: RequestRecord, finish_reason: FinishReason, queue_time_s: float | None
+    ) -> None:
+        """Count one ended engine request; latencies only for ``stop`` and ``length``."""
+        self.requests.labels(finish_reason=finish_reason.value).inc()
+        if queue_time_s is not None:
+            self.queue_time.observe(queue_time_s)
+        if finish_reason not in (FinishReason.STOP, FinishReason.LENGTH) or not record.ok:
+            return
+        for value, histogram in (
+            (record.ttft, self.ttft),
+            (record.tpot, self.tpot),
+            (record.e2e, self.e2e),
+        ):
+            if value is not None:
+                histogram.observe(value)
+        for gap in record.itls:
+            self.itl.observe(gap)
+
+    def observe_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(completion_tokens)
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

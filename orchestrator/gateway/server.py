@@ -1,0 +1,110 @@
+"""Running the gateway under uvicorn, with a graceful drain on SIGTERM.
+
+uvicorn's own SIGTERM handling closes the listening socket at once; here SIGTERM starts
+a drain instead: ``/ready`` turns 503 and new generation requests get 503 while the
+socket stays open, requests in flight finish (up to ``server.drain_timeout_s``), the rest
+are aborted with a final error chunk, and the process exits 0. SIGINT, or a second
+SIGTERM, skips the drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from types import FrameType
+
+import uvicorn
+
+from orchestrator.config import EngineConfig
+from orchestrator.gateway.app import create_app
+from orchestrator.gateway.lifecycle import GatewayLifecycle, LoadedModel, Loader
+from orchestrator.gateway.tokenizer import HFTokenizer
+
+logger = logging.getLogger(__name__)
+
+# Once drained, how long uvicorn waits for idle keep-alive connections to close (s).
+CONNECTION_CLOSE_TIMEOUT_S = 5
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    """The engine core with the configured executor, and the model's tokenizer."""
+    from orchestrator.engine.core import EngineCore
+    from orchestrator.model_source import load_tokenizer
+
+    tokenizer = HFTokenizer(load_tokenizer(config.model))
+    return LoadedModel(EngineCore.from_config(config), tokenizer)
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn with a drain on SIGTERM, and exit code 1 when the model fails to load or
+    the engine loop crashes (``exit_code``)."""
+
+    def __init__(
+        self, config: uvicorn.Config, lifecycle: GatewayLifecycle, drain_timeout_s: float
+    ) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.drain_timeout_s = drain_timeout_s
+        self.exit_code = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._spawn(self._exit_on_fatal())
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self.lifecycle.draining and self._loop is not None:
+            # Not recorded as a captured signal: uvicorn would re-raise it on the way out
+            # and the process would die by SIGTERM instead of exiting 0.
+            self._loop.call_soon_threadsafe(self._spawn, self.drain_and_exit())
+            return
+        if sig == signal.SIGTERM:
+            self.should_exit = self.force_exit = True
+            return
+        super().handle_exit(sig, frame)
+
+    async def drain_and_exit(self) -> None:
+        await self.lifecycle.drain(self.drain_timeout_s)
+        logger.info("drained; shutting down")
+        self.should_exit = True
+
+    async def _exit_on_fatal(self) -> None:
+        await self.lifecycle.fatal.wait()
+        self.exit_code = 1
+        self.should_exit = True
+
+    def _spawn(self, coro: object) -> None:
+        assert asyncio.iscoroutine(coro)
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)  # keep a reference until done
+        task.add_done_callback(self._tasks.discard)
+
+
+def build_server(
+    config: EngineConfig,
+    host: str | None = None,
+    port: int | None = None,
+    loader: Loader | None = None,
+) -> GatewayServer:
+    """The server for ``config``; ``host``/``port`` override ``config.server``."""
+    app = create_app(config, loader or (lambda: load_model(config)))
+    uv_config = uvicorn.Config(
+        app,
+        host=host or config.server.host,
+        port=config.server.port if port is None else port,
+        access_log=False,  # the serving layer logs one structured line per request
+        log_config=None,
+        timeout_graceful_shutdown=CONNECTION_CLOSE_TIMEOUT_S,
+    )
+    return GatewayServer(uv_config, app.state.lifecycle, config.server.drain_timeout_s)
+
+
+def serve(config: EngineConfig, host: str | None = None, port: int | None = None) -> int:
+    """Serve until stopped; the exit code."""
+    server = build_server(config, host, port)
+    server.run()
+    return server.exit_code

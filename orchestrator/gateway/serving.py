@@ -1,0 +1,455 @@
+"""The serving layer: OpenAI requests in, engine requests out, and back.
+
+For each API request it validates what the schema cannot (model name, prompt length
+against the context), builds one engine ``Request`` per choice with ``SamplingParams``
+(end-of-sequence ids as stop tokens unless ``ignore_eos``), submits them, and turns their
+output streams into a JSON response or server-sent events. It also closes the loop on
+every request: aborts what is still running when the client leaves, records metrics and
+writes one log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from orchestrator.engine.async_engine import AsyncEngine, RequestStream
+from orchestrator.errors import EngineError, OverloadedError
+from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
+from orchestrator.gateway.errors import APIError, to_api_error
+from orchestrator.gateway.formats import ChatFormat, CompletionFormat, ResponseFormat
+from orchestrator.gateway.lifecycle import InFlight
+from orchestrator.gateway.metrics import GatewayMetrics
+from orchestrator.gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Usage,
+)
+from orchestrator.gateway.tokenizer import ChatTemplateError, Tokenizer
+from orchestrator.request import FinishReason, Request, SamplingParams
+
+logger = logging.getLogger("orchestrator.gateway.requests")
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the answer
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """Per-HTTP-request facts the routes pass down. ``arrival_time`` is on the engine's
+    clock (seconds); ``priority_header`` is the raw ``X-Priority`` value, if any."""
+
+    request_id: str
+    arrival_time: float
+    priority_header: str | None
+    http: HTTPRequest
+
+
+@dataclass
+class _Job:
+    """One API request in flight: its choices and their engine streams."""
+
+    call: CallInfo
+    endpoint: str
+    prompts: list[list[int]]
+    priority: int
+    prompt_text: Any
+    choices: list[ChoiceState] = field(default_factory=list)
+    streams: list[RequestStream] = field(default_factory=list)
+    status: int = 200
+    error: str | None = None
+    closed: bool = False
+
+    def fail(self, error: APIError) -> None:
+        self.status, self.error = error.status_code, error.message
+
+    @property
+    def client_left(self) -> bool:
+        """Choices were cut short, and not by an error: the client went away."""
+        return self.error is None and not all(c.finished for c in self.choices)
+
+    def usage(self) -> Usage:
+        prompt = sum(len(p) for p in self.prompts)
+        completion = sum(c.num_output_tokens for c in self.choices)
+        return Usage(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+
+
+class OpenAIServing:
+    """Completions and chat completions over an ``AsyncEngine``."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        tokenizer: Tokenizer,
+        model_name: str,
+        metrics: GatewayMetrics,
+        in_flight: InFlight,
+        log_prompts: bool = False,
+    ) -> None:
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self.model_name = model_name
+        self._metrics = metrics
+        self._in_flight = in_flight
+        self._log_prompts = log_prompts
+
+    def now(self) -> float:
+        """The engine clock (seconds): request arrival and token times use it."""
+        return self._engine.clock.now()
+
+    # ------------------------------------------------------------------ endpoints
+
+    async def completions(self, body: CompletionRequest, call: CallInfo) -> Response:
+        self._check_model(body.model)
+        batch: list[str | list[int]] = list(body.prompt)
+        prompts = [self._completion_prompt(p, i, len(batch)) for i, p in enumerate(batch)]
+        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+        for prompt in prompts:
+            self._check_context(prompt, max_tokens, "max_tokens")
+        fmt = CompletionFormat(
+            f"cmpl-{call.request_id}", self.model_name, self._tokenizer, body.logprobs is not None
+        )
+        job = _Job(call, "completions", prompts, self._priority(body.priority, call), body.prompt)
+        return await self._run(job, body, fmt, max_tokens, body.logprobs)
+
+    async def chat(self, body: ChatCompletionRequest, call: CallInfo) -> Response:
+        self._check_model(body.model)
+        # The chat template knows system/user/assistant; "developer" is OpenAI's newer
+        # name for system instructions.
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            for m in body.messages
+        ]
+        try:
+            prompt = self._tokenizer.encode_chat(messages)
+        except ChatTemplateError as err:
+            raise APIError(
+                400, f"messages: {err}", param="messages", code="invalid_value"
+            ) from None
+        limit_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        room = self._engine.max_model_len - len(prompt)
+        if room < 1:
+            raise APIError(
+                400,
+                f"messages: the prompt has {len(prompt)} tokens, leaving no room in the "
+                f"model's context of {self._engine.max_model_len} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        max_tokens = body.output_limit or room
+        self._check_context(prompt, max_tokens, limit_field)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        fmt = ChatFormat(
+            f"chatcmpl-{call.request_id}", self.model_name, self._tokenizer, body.logprobs
+        )
+        job = _Job(call, "chat", [prompt], self._priority(body.priority, call), messages)
+        return await self._run(job, body, fmt, max_tokens, logprobs)
+
+    # ------------------------------------------------------------------ validation
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(
+                404,
+                f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _completion_prompt(self, prompt: str | list[int], index: int, count: int) -> list[int]:
+        param = "prompt" if count == 1 else f"prompt.{index}"
+        if isinstance(prompt, str):
+            ids = self._tokenizer.encode(prompt)
+        else:
+            vocab = self._tokenizer.vocab_size
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(
+                    400,
+                    f"{param}: token id {bad} is outside the vocabulary [0, {vocab})",
+                    param=param,
+                    code="invalid_value",
+                )
+            ids = list(prompt)
+        if not ids:
+            raise APIError(400, f"{param}: the prompt is empty", param=param, code="invalid_value")
+        return ids
+
+    def _check_context(self, prompt: Sequence[int], max_tokens: int, limit_field: str) -> None:
+        limit = self._engine.max_model_len
+        if len(prompt) + max_tokens > limit:
+            raise APIError(
+                400,
+                f"{limit_field}: {max_tokens} output tokens plus the prompt's {len(prompt)} "
+                f"tokens is {len(prompt) + max_tokens}, over the model's context of {limit} "
+                "tokens",
+                param=limit_field,
+                code="context_length_exceeded",
+            )
+
+    @staticmethod
+    def _priority(body_priority: int | None, call: CallInfo) -> int:
+        """The body's ``priority`` wins over the ``X-Priority`` header; default 0."""
+        if body_priority is not None:
+            return body_priority
+        if call.priority_header is None:
+            return 0
+        try:
+            return int(call.priority_header.strip())
+        except ValueError:
+            raise APIError(
+                400,
+                f"X-Priority header must be an integer, got {call.priority_header!r}",
+                param="X-Priority",
+                code="invalid_value",
+            ) from None
+
+    # ------------------------------------------------------------------ generation
+
+    async def _run(
+        self,
+        job: _Job,
+        body: CompletionRequest | ChatCompletionRequest,
+        fmt: ResponseFormat,
+        max_tokens: int,
+        logprobs: int | None,
+    ) -> Response:
+        stop_ids = () if body.ignore_eos else self._tokenizer.eos_token_ids
+        num_choices = len(job.prompts) * body.n
+        self._in_flight.acquire()
+        try:
+            for prompt_index, prompt in enumerate(job.prompts):
+                for k in range(body.n):
+                    index = prompt_index * body.n + k
+                    sampling = SamplingParams(
+                        max_tokens=max_tokens,
+                        temperature=body.temperature,
+                        top_p=body.top_p,
+                        top_k=max(body.top_k, 0),
+                        # Choices of one prompt must differ, yet stay reproducible.
+                        seed=None if body.seed is None else body.seed + k,
+                        stop_token_ids=stop_ids,
+                        logprobs=logprobs,
+                    )
+                    request_id = job.call.request_id
+                    if num_choices > 1:
+                        request_id = f"{request_id}-{index}"
+                    await self._submit(job, index, request_id, prompt, sampling, body.stop)
+        except EngineError as exc:
+            error = to_api_error(exc)
+            job.fail(error)
+            if isinstance(exc, OverloadedError):
+                self._metrics.rejected.inc()
+            self._close(job)
+            raise error from None
+        except BaseException:
+            job.fail(APIError(500, "submission interrupted"))
+            self._close(job)
+            raise
+        if body.stream:
+            return _SSEResponse(
+                self._sse(job, fmt, body.include_usage_in_stream),
+                on_close=lambda: self._close(job),
+            )
+        return await self._respond(job, fmt)
+
+    async def _submit(
+        self,
+        job: _Job,
+        index: int,
+        request_id: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        stop: list[str],
+    ) -> None:
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            sampling=sampling,
+            priority=job.priority,
+            arrival_time=job.call.arrival_time,
+        )
+        choice = ChoiceState(index, request, self._tokenizer, stop)
+        job.streams.append(await self._engine.submit(request))
+        job.choices.append(choice)
+
+    async def _deltas(self, job: _Job) -> AsyncGenerator[ChoiceDelta, None]:
+        """Deltas of every choice in arrival order. Raises the first ``EngineError`` of any
+        choice; every engine request still running is aborted when iteration ends."""
+        merged: asyncio.Queue[ChoiceDelta | Exception | None] = asyncio.Queue()
+        clock = self._engine.clock
+
+        async def pump(choice: ChoiceState, stream: RequestStream) -> None:
+            try:
+                async for output in stream:
+                    merged.put_nowait(choice.advance(output, clock.now()))
+                    if choice.finished:
+                        break
+                merged.put_nowait(None)
+            except Exception as exc:
+                merged.put_nowait(exc)
+            finally:
+                stream.close()  # aborts a choice cut short by a stop string
+
+        tasks = [
+            asyncio.create_task(pump(c, s)) for c, s in zip(job.choices, job.streams, strict=True)
+        ]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await merged.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            for stream in job.streams:
+                stream.close()
+
+    async def _respond(self, job: _Job, fmt: ResponseFormat) -> Response:
+        deltas: list[ChoiceDelta] = []
+
+        async def collect() -> None:
+            async with contextlib.aclosing(self._deltas(job)) as stream:
+                async for delta in stream:
+                    deltas.append(delta)
+
+        try:
+            if not await _unless_disconnected(job.call.http, collect()):
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except Exception as exc:
+            error = to_api_error(exc)
+            job.fail(error)
+            raise error from None
+        finally:
+            self._close(job)
+        body = fmt.response(deltas, len(job.choices), job.usage())
+        return JSONResponse(body.model_dump(mode="json"))
+
+    async def _sse(self, job: _Job, fmt: ResponseFormat, include_usage: bool) -> AsyncIterator[str]:
+        try:
+            for chunk in fmt.stream_start(len(job.choices)):
+                yield _sse_data(chunk)
+            async with contextlib.aclosing(self._deltas(job)) as stream:
+                async for delta in stream:
+                    if not delta.is_empty:
+                        yield _sse_data(fmt.stream_chunk(delta))
+            if include_usage:
+                yield _sse_data(fmt.stream_usage(job.usage()))
+        except Exception as exc:
+            # Headers are sent: the error travels as a final event, as OpenAI does.
+            error = to_api_error(exc)
+            job.fail(error)
+            yield f"data: {json.dumps(error.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _close(self, job: _Job) -> None:
+        """Abort what still runs, record metrics, log one line, release the slot.
+        Idempotent: both the response and its stream may call it."""
+        if job.closed:
+            return
+        job.closed = True
+        for stream in job.streams:
+            stream.close()
+        self._in_flight.release()
+        now = self._engine.clock.now()
+        arrival = job.call.arrival_time
+        reasons = []
+        for choice in job.choices:
+            reason = choice.finish_reason or (
+                FinishReason.ABORT if job.client_left else FinishReason.ERROR
+            )
+            reasons.append(reason.value)
+            request = choice.request
+            queued = (
+                request.first_scheduled_time - arrival
+                if request.first_scheduled_time is not None
+                else None
+            )
+            self._metrics.observe_request(choice.record(arrival), reason, queued)
+        usage = job.usage()
+        if job.choices:  # a request refused at admission used nothing
+            self._metrics.observe_usage(usage.prompt_tokens, usage.completion_tokens)
+        first_tokens = [c.token_times[0] for c in job.choices if c.token_times]
+        entry: dict[str, Any] = {
+            "request_id": job.call.request_id,
+            "endpoint": job.endpoint,
+            "status": CLIENT_CLOSED_REQUEST if job.client_left else job.status,
+            "priority": job.priority,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "ttft_s": round(min(first_tokens) - arrival, 4) if first_tokens else None,
+            "total_s": round(now - arrival, 4),
+            "finish_reason": reasons[0] if len(reasons) == 1 else (reasons or None),
+        }
+        if job.error:
+            entry["error"] = job.error
+        if self._log_prompts:
+            entry["prompt"] = job.prompt_text
+        logger.info(json.dumps(entry))
+
+
+def _sse_data(chunk: BaseModel) -> str:
+    return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+
+
+async def _unless_disconnected(http: HTTPRequest, work: Awaitable[None]) -> bool:
+    """Run ``work`` unless the client disconnects first (then cancel it). True if it
+    completed."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(http))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()
+            return True
+        return False
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _wait_for_disconnect(http: HTTPRequest) -> None:
+    # The body has been read, so the next ASGI message is the disconnect.
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _SSEResponse(StreamingResponse):
+    """Server-sent events that run ``on_close`` however the response ends, even if the
+    client leaves before the first chunk (when the body iterator never starts)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
