@@ -28,7 +28,9 @@ class Executor(Protocol):
     - ``kv_capacity()`` is the number of KV blocks of ``block_size`` tokens it holds,
       constant for its lifetime; block ids in block tables are in ``[0, kv_capacity())``.
     - ``execute(plan)`` returns exactly one sampled token for each scheduled request with
-      ``sample=True`` and none for others; it never mutates ``plan``.
+      ``sample=True`` and none for others, or names the request in ``failed`` when it
+      cannot run it (only that request ends; raising from ``execute`` means the executor
+      itself is broken and stops the engine); it never mutates ``plan``.
     - A request's tokens depend only on its own tokens and sampling params (and seed),
       never on what else shares the batch.
     - ``shutdown()`` releases resources; it is safe to call twice.

@@ -81,6 +81,7 @@ class RequestStream:
             if item.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
                 raise RequestFailedError(
                     f"the engine ended request {self.request_id} with {item.finish_reason}"
+                    + (f": {item.error}" if item.error else "")
                 )
         return item
 

@@ -78,20 +78,24 @@ class StepResult:
     """What an executor did with a ``SchedulerOutput``.
 
     ``sampled`` has one token per scheduled request whose ``sample`` was true, and no
-    other. ``logprobs`` holds entries only for requests that asked for them.
-    ``duration_s`` is the step's time in seconds: measured by a real executor, predicted
-    by the simulator.
+    other, except those in ``failed``. ``failed`` maps the requests the executor could
+    not run to a message saying why; the scheduler ends them with an error and every
+    other request carries on. ``logprobs`` holds entries only for requests that asked
+    for them. ``duration_s`` is the step's time in seconds: measured by a real executor,
+    predicted by the simulator.
     """
 
     sampled: dict[str, int]
     duration_s: float
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 class RequestOutput(NamedTuple):
     """What one step produced for one request: its new token (if it sampled) and, when it
     ended, why. ``new_logprobs`` is parallel to ``new_token_ids`` when logprobs were
-    asked for, else empty. ``num_output_tokens`` is the total so far."""
+    asked for, else empty. ``num_output_tokens`` is the total so far. ``error`` says why
+    the executor failed the request (then ``finish_reason`` is ``ERROR``)."""
 
     request_id: str
     new_token_ids: list[int]
@@ -100,3 +104,4 @@ class RequestOutput(NamedTuple):
     finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_output_tokens: int
+    error: str | None = None

@@ -338,6 +338,10 @@ class Scheduler:
             request = self.requests.get(rid)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted while the step ran
+            if result.failed and rid in result.failed:
+                outputs.append(self._fail(request, result.failed[rid], now))
+                finished = True
+                continue
             request.num_computed_tokens += len(planned.token_ids)
             self.kv.commit(request)
             if not planned.sample:
@@ -378,6 +382,19 @@ class Scheduler:
         ):
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def _fail(self, request: Request, error: str, now: float) -> RequestOutput:
+        self._finish(request, RequestStatus.FINISHED_ERROR, now)
+        return RequestOutput(
+            request.request_id,
+            [],
+            [],
+            True,
+            FINISH_REASONS[RequestStatus.FINISHED_ERROR],
+            len(request.prompt_token_ids),
+            len(request.output_token_ids),
+            error,
+        )
 
     def _finish(self, request: Request, status: RequestStatus, now: float) -> None:
         request.status = status

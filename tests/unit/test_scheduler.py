@@ -6,6 +6,7 @@ import pytest
 
 from orchestrator.errors import AdmissionError, OverloadedError
 from orchestrator.request import RequestStatus
+from orchestrator.sched.output import StepResult
 from tests.factories import make_engine, make_request, make_scheduler, run_step, run_to_completion
 from tests.fakes import fake_token
 
@@ -310,3 +311,29 @@ def test_resumed_request_reuses_its_cached_prefix() -> None:
     # 45 known tokens (40 + 5 sampled), 44 computed: 11 full blocks come back from the
     # prefix cache and only the last token is recomputed, to sample the next one.
     assert planned.start_position == 44 and planned.num_tokens == 1
+
+
+def test_a_request_the_executor_fails_ends_alone_with_its_error() -> None:
+    engine, clock = make_engine()
+    bad = make_request(max_tokens=5, request_id="bad")
+    good = make_request(max_tokens=5, request_id="good")
+    engine.add_request(bad)
+    engine.add_request(good)
+    run_step(engine, clock)
+    executor = engine.executor
+    real_execute = executor.execute
+
+    def failing(plan):  # type: ignore[no-untyped-def]
+        result = real_execute(plan)
+        sampled = {k: v for k, v in result.sampled.items() if k != "bad"}
+        return StepResult(sampled, result.duration_s, failed={"bad": "device fault"})
+
+    executor.execute = failing  # type: ignore[method-assign]
+    step = run_step(engine, clock)
+    (failed,) = [o for o in step.outputs if o.request_id == "bad"]
+    assert failed.finished and failed.finish_reason == "error" and failed.error == "device fault"
+    assert bad.status == RequestStatus.FINISHED_ERROR
+    executor.execute = real_execute  # type: ignore[method-assign]
+    run_to_completion(engine, clock)
+    assert good.output_token_ids == [fake_token("good", 7 + k) for k in range(5)]
+    assert engine.stats().kv_blocks_used == 0

@@ -1,0 +1,152 @@
+"""What the executor is started with: the build's manifest, overridden by run-time options.
+
+The manifest (build_engines/manifest.py) records the engine's compiled limits and the
+run-time settings the build chose; options left at ``None`` keep the build's choice.
+Nothing here imports TensorRT-LLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from build_engines.manifest import Manifest, load_manifest
+from orchestrator.config import ConfigError, EngineConfig
+from plugins.trtllm.config import TrtllmExecutorConfig
+from plugins.trtllm.names import CAPACITY_SCHEDULER_POLICIES
+
+MANIFEST_NAME = "manifest.json"
+ENGINE_CONFIG_NAME = "config.json"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything the executor is configured from. Limits are in tokens (sequences for
+    ``max_batch_size``); ``tokens_per_block`` is the engine's paged KV block size."""
+
+    engine_path: Path
+    tokens_per_block: int
+    max_batch_size: int
+    max_num_tokens: int
+    max_input_len: int
+    max_seq_len: int
+    world_size: int
+    kv_cache_free_gpu_memory_fraction: float
+    kv_cache_max_tokens: int | None
+    enable_block_reuse: bool
+    enable_chunked_context: bool
+    cuda_graph_mode: bool
+    cuda_graph_cache_size: int
+    capacity_scheduler_policy: str
+    pad_id: int | None
+
+
+def load_settings(config: TrtllmExecutorConfig) -> EngineSettings:
+    """Read ``config.engine_dir``'s manifest and merge the options into it.
+
+    Raises ``ConfigError`` naming the file and key when the folder holds no verified
+    engine-backend manifest, or the engine it names is missing.
+    """
+    engine_dir = config.engine_dir.expanduser()
+    manifest_path = engine_dir / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise ConfigError(
+            f"{engine_dir}: no {MANIFEST_NAME}; engine_dir must be a build-engines output "
+            "folder (the one holding manifest.json and the engine)"
+        )
+    manifest = load_manifest(manifest_path)
+    serving = manifest.serving
+    if serving.backend != "engine":
+        raise ConfigError(
+            f"{manifest_path}: serving.backend is {serving.backend!r}; the trtllm executor "
+            "runs TensorRT engines (a build with backend: engine)"
+        )
+    options = manifest.llm_api_options
+    policy = config.capacity_scheduler_policy or _option(
+        options, "scheduler_config.capacity_scheduler_policy", manifest_path
+    )
+    if policy not in CAPACITY_SCHEDULER_POLICIES:
+        raise ConfigError(
+            f"{manifest_path}: llm_api_options.scheduler_config.capacity_scheduler_policy: "
+            f"{policy!r} is not one of {', '.join(CAPACITY_SCHEDULER_POLICIES)}"
+        )
+    return EngineSettings(
+        engine_path=_engine_path(engine_dir, manifest, manifest_path),
+        tokens_per_block=serving.tokens_per_block,
+        max_batch_size=serving.max_batch_size,
+        max_num_tokens=serving.max_num_tokens,
+        max_input_len=serving.max_input_len,
+        max_seq_len=serving.max_seq_len,
+        world_size=serving.tp * serving.pp,
+        kv_cache_free_gpu_memory_fraction=_pick(
+            config.kv_cache_free_gpu_memory_fraction,
+            options,
+            "kv_cache_config.free_gpu_memory_fraction",
+            manifest_path,
+        ),
+        kv_cache_max_tokens=config.kv_cache_max_tokens,
+        enable_block_reuse=_pick(
+            config.enable_block_reuse, options, "kv_cache_config.enable_block_reuse", manifest_path
+        ),
+        enable_chunked_context=_pick(
+            config.enable_chunked_context, options, "enable_chunked_prefill", manifest_path
+        ),
+        cuda_graph_mode=_pick(
+            config.cuda_graph_mode,
+            options,
+            "extended_runtime_perf_knob_config.cuda_graph_mode",
+            manifest_path,
+        ),
+        cuda_graph_cache_size=_pick(
+            config.cuda_graph_cache_size,
+            options,
+            "extended_runtime_perf_knob_config.cuda_graph_cache_size",
+            manifest_path,
+        ),
+        capacity_scheduler_policy=policy,
+        pad_id=config.pad_id,
+    )
+
+
+def check_engine_config(settings: EngineSettings, engine: EngineConfig) -> None:
+    """Refuse an engine config our scheduler could not honour on this engine: KV blocks
+    of another size than the engine's, or more sequences per step than it was built for."""
+    if engine.cache.block_size != settings.tokens_per_block:
+        raise ConfigError(
+            f"cache.block_size is {engine.cache.block_size} but the engine at "
+            f"{settings.engine_path} was built with tokens_per_block="
+            f"{settings.tokens_per_block}; set cache.block_size: {settings.tokens_per_block}"
+        )
+    if engine.scheduler.max_batch_size > settings.max_batch_size:
+        raise ConfigError(
+            f"scheduler.max_batch_size is {engine.scheduler.max_batch_size} but the engine at "
+            f"{settings.engine_path} was built for at most {settings.max_batch_size} sequences"
+        )
+
+
+def _engine_path(engine_dir: Path, manifest: Manifest, manifest_path: Path) -> Path:
+    """The engine folder: where the build put it relative to ``engine_dir`` (so a copied
+    build folder works), else the absolute path the build recorded."""
+    recorded = Path(manifest.serving.artifact_dir)
+    candidates = [engine_dir / recorded.name, recorded]
+    for candidate in candidates:
+        if (candidate / ENGINE_CONFIG_NAME).is_file():
+            return candidate
+    raise ConfigError(
+        f"{manifest_path}: serving.artifact_dir: no engine ({ENGINE_CONFIG_NAME}) at "
+        + " or ".join(str(c) for c in candidates)
+    )
+
+
+def _option(options: dict[str, Any], dotted: str, manifest_path: Path) -> Any:
+    value: Any = options
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ConfigError(f"{manifest_path}: llm_api_options.{dotted}: missing")
+        value = value[part]
+    return value
+
+
+def _pick(override: Any, options: dict[str, Any], dotted: str, manifest_path: Path) -> Any:
+    return override if override is not None else _option(options, dotted, manifest_path)
