@@ -1,0 +1,180 @@
+"""What a simulation run means: the shared serving metrics plus what only a simulator
+knows (batch occupancy, KV usage, where the step time went, utilisation)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.config import EngineConfig
+from orchestrator.executor import Executor
+from orchestrator.metrics import PERCENTILES, SLO, Summary, summarize
+from orchestrator.sim.driver import SimRun
+from orchestrator.sim.workload import Workload
+from plugins.sim_executor import SimExecutor
+
+CAUSES = ("weights", "kv", "compute", "comms", "overhead")
+
+
+@dataclass(frozen=True)
+class SimReport:
+    """A run in numbers.
+
+    ``mean_batch_occupancy`` is requests per step weighted by step time;
+    ``kv_usage_mean``/``kv_usage_peak`` are fractions of the KV blocks held by live
+    requests. ``ceiling_tokens_per_s`` is the roofline's output tokens/s of all
+    replicas decoding full batches of this workload, and ``utilisation`` the achieved
+    output throughput over it (``None`` when the executor has no cost model).
+    ``time_by_cause`` splits busy step time into weights, kv, compute, comms and
+    overhead (fractions; empty without a cost model).
+    """
+
+    summary: Summary
+    replicas: int
+    num_gpus: int
+    max_batch_size: int
+    offered_rate: float | None
+    mean_batch_occupancy: float
+    kv_usage_mean: float
+    kv_usage_peak: float
+    num_preemptions: int
+    num_steps: int
+    ceiling_tokens_per_s: float | None
+    utilisation: float | None
+    time_by_cause: dict[str, float]
+    wall_time_s: float
+
+
+def gpus_per_replica(engine: EngineConfig) -> int:
+    """Tensor-parallel width of a simulated replica; 1 for any other executor."""
+    options = engine.executor.options
+    return int(getattr(options, "tp", 1)) if engine.executor.type == "sim" else 1
+
+
+def build_report(run: SimRun, engine: EngineConfig, workload: Workload, slo: SLO) -> SimReport:
+    replicas = len(run.replicas)
+    num_gpus = replicas * gpus_per_replica(engine)
+    summary = summarize(run.records, run.end_time, slo, num_gpus)
+
+    busy = seqs = kv_area = 0.0
+    kv_peak = 0.0
+    causes = [0.0] * len(CAUSES)
+    for replica in run.replicas:
+        tr = replica.trace
+        busy += sum(tr.durations)
+        seqs += sum(n * d for n, d in zip(tr.num_seqs, tr.durations, strict=True))
+        kv_area += sum(u * d for u, d in zip(tr.kv_usage, tr.durations, strict=True))
+        kv_peak = max(kv_peak, max(tr.kv_usage, default=0.0))
+        causes = [a + b for a, b in zip(causes, replica.time_by_cause, strict=True)]
+
+    ceiling = throughput_ceiling(engine, run.replicas[0].core.executor, workload, replicas)
+    total_cause = sum(causes)
+    return SimReport(
+        summary=summary,
+        replicas=replicas,
+        num_gpus=num_gpus,
+        max_batch_size=engine.scheduler.max_batch_size,
+        offered_rate=workload.offered_rate,
+        mean_batch_occupancy=seqs / busy if busy else 0.0,
+        kv_usage_mean=kv_area / busy if busy else 0.0,
+        kv_usage_peak=kv_peak,
+        num_preemptions=run.num_preemptions,
+        num_steps=run.num_steps,
+        ceiling_tokens_per_s=ceiling,
+        utilisation=summary.output_throughput / ceiling if ceiling else None,
+        time_by_cause=(
+            {c: v / total_cause for c, v in zip(CAUSES, causes, strict=True)} if total_cause else {}
+        ),
+        wall_time_s=run.wall_time_s,
+    )
+
+
+def throughput_ceiling(
+    engine: EngineConfig, executor: Executor, workload: Workload, replicas: int
+) -> float | None:
+    """Output tokens/s of ``replicas`` engines decoding full batches of this workload's
+    mean request on the roofline; ``None`` unless ``executor`` is the sim executor."""
+    if not isinstance(executor, SimExecutor) or not workload.requests:
+        return None
+    n = len(workload.requests)
+    prompt = sum(r.prompt_len for r in workload.requests) / n
+    output = sum(r.output_len for r in workload.requests) / n
+    per_replica = executor.throughput_ceiling(engine.scheduler.max_batch_size, prompt, output)
+    return per_replica * replicas
+
+
+def _ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1e3:,.1f}"
+
+
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None or math.isnan(fraction) else f"{fraction:.1%}"
+
+
+def latency_table(summary: Summary) -> Table:
+    table = Table(title="Latency (ms)")
+    table.add_column("metric")
+    for col in ("mean", *(f"p{q}" for q in PERCENTILES)):
+        table.add_column(col, justify="right")
+    for name, dist in (
+        ("TTFT", summary.ttft),
+        ("TPOT", summary.tpot),
+        ("ITL", summary.itl),
+        ("E2E", summary.e2e),
+    ):
+        table.add_row(name, _ms(dist.mean), *(_ms(dist.p[q]) for q in PERCENTILES))
+    return table
+
+
+def totals_table(report: SimReport) -> Table:
+    s = report.summary
+    slo = s.slo
+    bounds = ", ".join(
+        f"{name} < {value * 1e3:g} ms"
+        for name, value in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s))
+        if value is not None
+    )
+    table = Table(title="Throughput and capacity")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("requests (completed / errors)", f"{s.num_completed:,} / {s.num_errors:,}"),
+        ("replicas x GPUs", f"{report.replicas} x {report.num_gpus // report.replicas}"),
+        (
+            "offered rate (req/s)",
+            "-" if report.offered_rate is None else f"{report.offered_rate:.2f}",
+        ),
+        ("simulated time (s)", f"{s.duration_s:,.1f}"),
+        ("output tok/s", f"{s.output_throughput:,.0f}"),
+        ("output tok/s per GPU", f"{s.output_throughput_per_gpu:,.0f}"),
+        ("requests/s", f"{s.request_throughput:.2f}"),
+        ("SLO", bounds or "none"),
+        ("goodput req/s", f"{s.goodput:.2f}"),
+        ("requests meeting SLO", _pct(s.goodput_fraction)),
+        (
+            "mean batch occupancy",
+            f"{report.mean_batch_occupancy:.1f} / {report.max_batch_size}",
+        ),
+        ("KV usage mean / peak", f"{_pct(report.kv_usage_mean)} / {_pct(report.kv_usage_peak)}"),
+        ("preemptions", f"{report.num_preemptions:,}"),
+        ("steps", f"{report.num_steps:,}"),
+    ]
+    if report.ceiling_tokens_per_s is not None:
+        rows.append(("roofline ceiling tok/s", f"{report.ceiling_tokens_per_s:,.0f}"))
+        rows.append(("utilisation", _pct(report.utilisation)))
+    if report.time_by_cause:
+        causes = "/".join(report.time_by_cause)
+        split = " / ".join(f"{v:.0%}" for v in report.time_by_cause.values())
+        rows.append((f"step time: {causes}", split))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def print_report(report: SimReport, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(latency_table(report.summary))
+    console.print(totals_table(report))
