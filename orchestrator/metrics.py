@@ -83,9 +83,12 @@ class SLO:
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default); NaN for no values."""
-    if not values:
+    return _sorted_percentile(sorted(values), q)
+
+
+def _sorted_percentile(s: Sequence[float], q: float) -> float:
+    if not s:
         return math.nan
-    s = sorted(values)
     pos = (len(s) - 1) * q / 100.0
     lo = math.floor(pos)
     hi = min(lo + 1, len(s) - 1)
@@ -102,7 +105,8 @@ class Distribution:
     @classmethod
     def of(cls, values: Sequence[float]) -> Distribution:
         mean = sum(values) / len(values) if values else math.nan
-        return cls(mean, {q: percentile(values, q) for q in PERCENTILES})
+        ordered = sorted(values)  # once, not once per percentile
+        return cls(mean, {q: _sorted_percentile(ordered, q) for q in PERCENTILES})
 
 
 @dataclass(frozen=True, slots=True)
