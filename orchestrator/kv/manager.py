@@ -33,6 +33,9 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.req_blocks: dict[str, list[int]] = {}
+        # Immutable copies of block tables for plans, rebuilt only when a table changes
+        # (a decode needs a new block once every block_size steps).
+        self._snapshots: dict[str, tuple[int, ...]] = {}
         # Prefix hashes of a request's full blocks, computed once and extended as tokens
         # arrive; kept across preemption because the tokens are kept.
         self._hashes: dict[str, list[int]] = {}
@@ -60,6 +63,13 @@ class KVCacheManager:
 
     def block_table(self, request_id: str) -> list[int]:
         return self.req_blocks.get(request_id, [])
+
+    def block_table_snapshot(self, request_id: str) -> tuple[int, ...]:
+        """The request's block table as a tuple that later allocations do not change."""
+        snapshot = self._snapshots.get(request_id)
+        if snapshot is None:
+            snapshot = self._snapshots[request_id] = tuple(self.req_blocks[request_id])
+        return snapshot
 
     def _block_hashes(self, request: Request) -> list[int]:
         """Hashes of every full block of the request's known tokens."""
@@ -109,6 +119,7 @@ class KVCacheManager:
             if need > self.pool.num_free:
                 return None
             blocks.extend(self.pool.allocate(need))
+            self._snapshots.pop(rid, None)
             return blocks
         prefix = cached_prefix or []
         if blocks is None:
@@ -130,6 +141,7 @@ class KVCacheManager:
             self._num_cached[rid] = len(prefix)
         if need > 0:
             blocks.extend(self.pool.allocate(need))
+        self._snapshots.pop(rid, None)
         return blocks
 
     def commit(self, request: Request) -> None:
@@ -151,6 +163,7 @@ class KVCacheManager:
         hashes for a preempted request that will come back with the same tokens."""
         rid = request.request_id
         blocks = self.req_blocks.pop(rid, None)
+        self._snapshots.pop(rid, None)
         if blocks:
             self.pool.release(reversed(blocks))
         self._num_cached.pop(rid, None)
@@ -178,6 +191,8 @@ class KVCacheManager:
         cached_only = sum(1 for b in queued if pool.block_hashes[b] is not None)
         free = len(queued) - cached_only
         assert free + used + cached_only == pool.num_blocks, "blocks leaked"
+        for rid, snapshot in self._snapshots.items():
+            assert snapshot == tuple(self.req_blocks[rid]), f"stale block table for {rid}"
         for h, b in pool.cached.items():
             assert pool.block_hashes[b] == h, f"hash index points at block {b} wrongly"
         assert sum(h is not None for h in pool.block_hashes) == len(pool.cached)

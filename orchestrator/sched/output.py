@@ -8,6 +8,7 @@ adapter all consume the same decision.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,7 +30,7 @@ class ScheduledRequest(NamedTuple):
     request_id: str
     token_ids: list[int]
     start_position: int
-    block_table: list[int]
+    block_table: Sequence[int]
     sample: bool
     sampling: SamplingParams
 
@@ -98,8 +99,8 @@ class RequestOutput(NamedTuple):
     the executor failed the request (then ``finish_reason`` is ``ERROR``)."""
 
     request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[TokenLogprobs]
+    new_token_ids: tuple[int, ...]
+    new_logprobs: tuple[TokenLogprobs, ...]
     finished: bool
     finish_reason: FinishReason | None
     num_prompt_tokens: int

@@ -167,10 +167,16 @@ class Scheduler:
         """Decode tokens for every running request first, then prefill chunks for the
         ones part-way through their prompt."""
         prefilling = []
+        running = RequestStatus.RUNNING
         for request in list(self.running):
-            if request.status != RequestStatus.RUNNING:
+            if request.status is not running:
                 continue  # preempted earlier in this loop
-            if request.num_tokens - request.num_computed_tokens > 1:
+            uncomputed = (
+                len(request.prompt_token_ids)
+                + len(request.output_token_ids)
+                - request.num_computed_tokens
+            )
+            if uncomputed > 1:
                 prefilling.append(request)
             elif self._budget > 0:
                 self._schedule_or_preempt(request, 1, now)
@@ -303,7 +309,7 @@ class Scheduler:
             rid,
             request.token_ids(start, start + n),
             start,
-            list(self.kv.req_blocks[rid]),
+            self.kv.block_table_snapshot(rid),
             start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
             request.sampling,
         )
@@ -333,6 +339,7 @@ class Scheduler:
         outputs = []
         finished = False
         sampled, all_logprobs = result.sampled, result.logprobs
+        block_size = self.kv.block_size
         for planned in plan.scheduled:
             rid = planned.request_id
             request = self.requests.get(rid)
@@ -342,8 +349,10 @@ class Scheduler:
                 outputs.append(self._fail(request, result.failed[rid], now))
                 finished = True
                 continue
-            request.num_computed_tokens += len(planned.token_ids)
-            self.kv.commit(request)
+            before = request.num_computed_tokens
+            request.num_computed_tokens = after = before + len(planned.token_ids)
+            if after // block_size != before // block_size:  # a block filled up
+                self.kv.commit(request)
             if not planned.sample:
                 continue
             token = sampled.get(rid)
@@ -360,8 +369,8 @@ class Scheduler:
             outputs.append(
                 RequestOutput(
                     rid,
-                    [token],
-                    [logprobs] if logprobs is not None else [],
+                    (token,),
+                    (logprobs,) if logprobs is not None else (),
                     status is not None,
                     FINISH_REASONS.get(status) if status is not None else None,
                     len(request.prompt_token_ids),
@@ -387,8 +396,8 @@ class Scheduler:
         self._finish(request, RequestStatus.FINISHED_ERROR, now)
         return RequestOutput(
             request.request_id,
-            [],
-            [],
+            (),
+            (),
             True,
             FINISH_REASONS[RequestStatus.FINISHED_ERROR],
             len(request.prompt_token_ids),

@@ -48,7 +48,7 @@ def run(engine: EngineCore) -> dict[str, tuple[list[int], FinishReason | None]]:
             return outputs
         for out in engine.step().outputs:
             tokens, _ = outputs.get(out.request_id, ([], None))
-            outputs[out.request_id] = (tokens + out.new_token_ids, out.finish_reason)
+            outputs[out.request_id] = ([*tokens, *out.new_token_ids], out.finish_reason)
         engine.scheduler.kv.integrity_check()
     raise AssertionError(f"not idle after {MAX_STEPS} steps")
 
