@@ -1,0 +1,41 @@
+"""Options of the torch executor; importable without torch so config files validate anywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_CACHE_DIR = "~/.cache/orchestrator"
+
+
+class TorchExecutorConfig(BaseModel):
+    """``executor: {type: torch, ...}`` options.
+
+    - ``dtype``: weights, activations and KV cache. ``bfloat16`` is the default because it
+      was fastest for prefill and decode on the benchmark (docs/torch_executor.md).
+    - ``num_threads``: intra-op threads for torch; ``None`` keeps torch's default (one
+      per core). torch's thread pool is process-wide, so the last executor built wins.
+    - ``kv_cache_gib``: memory for the paged KV pool in GiB (2**30 bytes); the pool holds
+      as many whole blocks of ``cache.block_size`` tokens as fit.
+    - ``cache_dir``: where dequantised GGUF weights are cached as safetensors.
+    - ``seed``: seeds the generator of sampled requests that carry no seed of their own
+      (``None``: fresh entropy per executor).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    num_threads: int | None = Field(None, ge=1)
+    kv_cache_gib: float = Field(2.0, gt=0)
+    cache_dir: str = DEFAULT_CACHE_DIR
+    seed: int | None = None
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_gib * 2**30)
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser()

@@ -1,0 +1,125 @@
+"""``TorchExecutor``: the ``Executor`` that runs a Llama model with our own paged-KV forward.
+
+This module imports no torch at import time, so ``TorchExecutor.Config`` validates
+config files on machines without it; the model code loads in ``from_config``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from orchestrator.sched.output import SchedulerOutput, StepResult
+from plugins.torch_executor.config import TorchExecutorConfig
+
+if TYPE_CHECKING:
+    from orchestrator.config import EngineConfig
+    from plugins.torch_executor.runner import ModelRunner
+    from plugins.torch_executor.weights import LlamaWeights
+
+
+class TorchExecutor:
+    """Runs each step's mixed batch (prefill chunks and decodes) in one forward pass.
+
+    - ``kv_capacity()``: blocks of ``block_size`` tokens in the KV pool, fixed at start.
+    - ``max_model_len``: the longest sequence (prompt plus output, tokens) it runs:
+      ``model.max_model_len`` from the engine config, else the model's
+      ``max_position_embeddings``. Admission control should read it from here.
+    - ``eos_token_ids``: the model's end-of-sequence ids (config and generation config),
+      for callers that fill ``SamplingParams.stop_token_ids``.
+    - Sampling is keyed by ``(seed, position)``, so the executor keeps no per-request
+      state and ``finished_ids``/``preempted_ids`` need no handling.
+    - ``StepResult.duration_s`` is the measured wall time of ``execute`` in seconds.
+    """
+
+    Config: ClassVar[type[TorchExecutorConfig]] = TorchExecutorConfig
+
+    def __init__(
+        self,
+        weights: LlamaWeights,
+        *,
+        block_size: int,
+        num_blocks: int,
+        max_model_len: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        """Serve ``weights`` (shared, never modified) with a fresh KV pool of
+        ``num_blocks`` blocks of ``block_size`` tokens. ``seed`` seeds the generator of
+        sampled requests without a seed of their own (``None``: fresh entropy)."""
+        import torch
+
+        from plugins.torch_executor.runner import ModelRunner
+
+        args = weights.args
+        limit = args.max_position_embeddings
+        if max_model_len is not None and max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings {limit}"
+            )
+        self.max_model_len = max_model_len or limit
+        self.block_size = block_size
+        self.eos_token_ids = args.eos_token_ids
+        rng = torch.Generator()
+        if seed is None:
+            rng.seed()
+        else:
+            rng.manual_seed(seed)
+        self._num_blocks = num_blocks
+        self._runner: ModelRunner | None = ModelRunner(
+            weights, num_blocks, block_size, self.max_model_len, rng
+        )
+
+    @classmethod
+    def from_config(cls, config: Any, engine: EngineConfig) -> TorchExecutor:
+        """Load the engine's model in ``config.dtype`` and size the KV pool from
+        ``config.kv_cache_gib``."""
+        import torch
+
+        from plugins.torch_executor.paged import PagedKVCache
+        from plugins.torch_executor.weights import load_weights
+
+        options = (
+            config
+            if isinstance(config, TorchExecutorConfig)
+            else cls.Config.model_validate(config or {})
+        )
+        if options.num_threads is not None:
+            torch.set_num_threads(options.num_threads)
+        dtype = getattr(torch, options.dtype)
+        weights = load_weights(engine.model, options.cache_path, dtype)
+        block_size = engine.cache.block_size
+        per_block = PagedKVCache.bytes_per_block(weights.args, block_size, dtype)
+        num_blocks = options.kv_cache_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_gib={options.kv_cache_gib} holds no block of {block_size} tokens "
+                f"({per_block} bytes each in {options.dtype})"
+            )
+        return cls(
+            weights,
+            block_size=block_size,
+            num_blocks=num_blocks,
+            max_model_len=engine.model.max_model_len,
+            seed=options.seed,
+        )
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner; raises once the executor is shut down."""
+        if self._runner is None:
+            raise RuntimeError("the torch executor is shut down")
+        return self._runner
+
+    def kv_capacity(self) -> int:
+        return self._num_blocks
+
+    def execute(self, plan: SchedulerOutput) -> StepResult:
+        start = time.perf_counter()
+        sampled, logprobs = self.runner.execute(plan)
+        return StepResult(
+            sampled=sampled, duration_s=time.perf_counter() - start, logprobs=logprobs
+        )
+
+    def shutdown(self) -> None:
+        """Free the KV cache and weights; later ``execute`` calls raise ``RuntimeError``."""
+        self._runner = None

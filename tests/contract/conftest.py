@@ -1,0 +1,90 @@
+"""The executors the contract suite runs against; another executor is one more entry in
+``CASES``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from orchestrator.executor import Executor
+from tests.fakes import FakeExecutor
+
+
+@dataclass(frozen=True)
+class ExecutorCase:
+    """How to build a fresh executor of one kind, and what the suite needs to know of it:
+    its block size (tokens), the exclusive upper bound of its token ids, and whether it
+    implements logprobs (an executor may return none)."""
+
+    build: Callable[[], Executor]
+    block_size: int
+    vocab_size: int
+    returns_logprobs: bool = True
+
+
+def fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
+    return ExecutorCase(lambda: FakeExecutor(num_blocks=64, block_size=16), 16, 1000, False)
+
+
+def torch_tiny_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
+    import torch
+
+    from plugins.torch_executor import TorchExecutor
+    from plugins.torch_executor.weights import load_folder
+    from tests.e2e.models import TINY_CONFIG, write_tiny_llama
+
+    weights = load_folder(write_tiny_llama(tmp_path_factory.mktemp("tiny")), torch.float32)
+    return ExecutorCase(
+        lambda: TorchExecutor(weights, block_size=4, num_blocks=96, seed=0),
+        4,
+        TINY_CONFIG["vocab_size"],
+    )
+
+
+def torch_smollm2_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
+    import torch
+
+    from plugins.torch_executor import TorchExecutor
+    from tests.e2e.models import session_cache_dir, smollm_weights
+
+    # float32: batched and single-row matmuls then differ by ~1e-6, far below the gap
+    # between the candidates a greedy or seeded choice picks from.
+    weights = smollm_weights(session_cache_dir(tmp_path_factory), torch.float32)
+    return ExecutorCase(
+        lambda: TorchExecutor(weights, block_size=16, num_blocks=64, seed=0),
+        16,
+        weights.args.vocab_size,
+    )
+
+
+# Adding an executor to the suite: one more entry here.
+CASES = [
+    pytest.param(fake_case, id="fake"),
+    pytest.param(torch_tiny_case, id="torch-tiny"),
+    pytest.param(torch_smollm2_case, id="torch-smollm2", marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="session", params=CASES)
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
+    factory: Callable[[pytest.TempPathFactory], ExecutorCase] = request.param
+    return factory(tmp_path_factory)
+
+
+@pytest.fixture
+def executor(case: ExecutorCase) -> Executor:
+    return case.build()
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for this package (see tests/e2e/conftest.py for why);
+    restored afterwards."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,134 @@
+"""The ``Executor`` invariants (orchestrator/executor.py), checked for every executor."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from orchestrator.executor import Executor
+from orchestrator.request import SamplingParams
+from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from tests.contract.conftest import ExecutorCase
+from tests.contract.driver import generate
+
+GREEDY = SamplingParams(temperature=0)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=1234)
+
+
+def prompt(case: ExecutorCase, n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(case.vocab_size) for _ in range(n)]
+
+
+def blocks_for(case: ExecutorCase, tokens: int) -> int:
+    return -(-tokens // case.block_size)
+
+
+def test_kv_capacity_is_positive_and_constant(case: ExecutorCase, executor: Executor) -> None:
+    capacity = executor.kv_capacity()
+    assert isinstance(capacity, int) and capacity > 0
+    tokens = prompt(case, 5, 0)
+    table = list(range(blocks_for(case, len(tokens))))
+    executor.execute(SchedulerOutput([ScheduledRequest("a", tokens, 0, table, True, GREEDY)]))
+    assert executor.kv_capacity() == capacity
+
+
+def test_samples_exactly_the_requests_that_sample(case: ExecutorCase, executor: Executor) -> None:
+    n = case.block_size + 3
+    tables = [[2 * i, 2 * i + 1] for i in range(3)]
+    plan = SchedulerOutput(
+        [
+            ScheduledRequest(rid, prompt(case, n, i), 0, tables[i], sample, GREEDY)
+            for i, (rid, sample) in enumerate([("a", True), ("b", False), ("c", True)])
+        ]
+    )
+    result = executor.execute(plan)
+    assert set(result.sampled) == {"a", "c"}
+    assert all(isinstance(t, int) and 0 <= t < case.vocab_size for t in result.sampled.values())
+    assert result.duration_s >= 0
+    assert result.logprobs == {}
+
+
+def test_execute_does_not_mutate_the_plan(case: ExecutorCase, executor: Executor) -> None:
+    # "b" decodes at position 4 after a prefix computed in an earlier step.
+    table_a = [9 + i for i in range(blocks_for(case, 7))]
+    table_b = list(range(blocks_for(case, 5)))
+    plan = SchedulerOutput(
+        [
+            ScheduledRequest("a", prompt(case, 7, 1), 0, table_a, True, SEEDED),
+            ScheduledRequest("b", prompt(case, 1, 2), 4, table_b, True, GREEDY),
+        ],
+        preempted_ids=["x"],
+        finished_ids=["y"],
+    )
+    before = copy.deepcopy(plan)
+    executor.execute(plan)
+    assert plan == before
+
+
+def test_every_block_id_below_capacity_is_usable(case: ExecutorCase, executor: Executor) -> None:
+    last = executor.kv_capacity() - 1
+    tokens = prompt(case, case.block_size + 1, 3)
+    plan = SchedulerOutput([ScheduledRequest("a", tokens, 0, [last, 0], True, GREEDY)])
+    assert set(executor.execute(plan).sampled) == {"a"}
+
+
+def test_a_plan_with_only_freed_ids_samples_nothing(case: ExecutorCase, executor: Executor) -> None:
+    result = executor.execute(SchedulerOutput(preempted_ids=["a"], finished_ids=["b"]))
+    assert result.sampled == {}
+
+
+def test_logprobs_come_only_for_requests_that_ask(case: ExecutorCase, executor: Executor) -> None:
+    asks = SamplingParams(temperature=0, logprobs=2)
+    plan = SchedulerOutput(
+        [
+            ScheduledRequest("a", prompt(case, 4, 4), 0, [0], True, asks),
+            ScheduledRequest("b", prompt(case, 4, 5), 0, [1], True, GREEDY),
+        ]
+    )
+    result = executor.execute(plan)
+    if not case.returns_logprobs:
+        assert result.logprobs == {}
+        return
+    assert set(result.logprobs) == {"a"}
+    lp = result.logprobs["a"]
+    assert lp.logprob <= 0 and len(lp.top) == 2
+    assert lp.top[0][0] == result.sampled["a"]  # greedy picks the most likely token
+
+
+def test_tokens_do_not_depend_on_the_rest_of_the_batch(case: ExecutorCase) -> None:
+    mine = {"greedy": (prompt(case, 21, 10), GREEDY), "seeded": (prompt(case, 13, 11), SEEDED)}
+    others = {
+        f"other-{i}": (prompt(case, 5 + 9 * i, 20 + i), SamplingParams(temperature=1.0))
+        for i in range(3)
+    }
+    common = {"max_tokens": 6, "block_size": case.block_size}
+    alone = generate(case.build(), mine, chunk=64, block_order=range(40), **common)
+    crowded_executor = case.build()
+    # Other requests in the batch, chunks of 7 and blocks from the top of the pool: the
+    # batch, chunk boundaries and block ids of "greedy" and "seeded" all differ from
+    # the run alone.
+    crowded = generate(
+        crowded_executor,
+        {**others, **mine},
+        chunk=7,
+        block_order=reversed(range(crowded_executor.kv_capacity())),
+        **common,
+    )
+    for rid in mine:
+        assert crowded[rid] == alone[rid], rid
+
+
+def test_tokens_survive_preemption_by_recompute(case: ExecutorCase) -> None:
+    requests = {"greedy": (prompt(case, 17, 30), GREEDY), "seeded": (prompt(case, 9, 31), SEEDED)}
+    common = {"max_tokens": 8, "block_size": case.block_size, "chunk": 8}
+    plain = generate(case.build(), requests, block_order=range(40), **common)
+    preempted = generate(
+        case.build(), requests, block_order=range(40), preempt={"greedy": 5, "seeded": 6}, **common
+    )
+    assert preempted == plain
+
+
+def test_shutdown_is_safe_twice(executor: Executor) -> None:
+    executor.shutdown()
+    executor.shutdown()

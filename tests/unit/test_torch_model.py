@@ -1,0 +1,123 @@
+"""Our paged Llama forward against transformers' Llama on a tiny random model: mixed
+batches of mid-sequence chunks and decodes over scattered block tables."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.request import SamplingParams
+from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from plugins.torch_executor import TorchExecutor
+from plugins.torch_executor.weights import load_folder
+from tests.e2e.models import hf_model, write_tiny_llama
+
+BLOCK = 4
+GREEDY = SamplingParams(temperature=0)
+
+# Each step lists (request, start, stop, sample): tokens [start, stop) of its sequence.
+STEPS: list[list[tuple[str, int, int, bool]]] = [
+    [("a", 0, 10, False), ("b", 0, 17, True), ("c", 0, 9, True), ("d", 0, 4, False)],
+    [("a", 10, 23, True), ("b", 17, 18, True), ("c", 9, 10, True), ("d", 4, 5, True)],
+    [("a", 23, 24, True), ("b", 18, 19, True), ("c", 10, 13, False), ("d", 5, 6, True)],
+    [("c", 13, 14, True), ("a", 24, 25, True)],
+]
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param({}, id="llama3-rope-untied"),
+        pytest.param(
+            {
+                "rope_parameters": {"rope_type": "default", "rope_theta": 500.0},
+                "tie_word_embeddings": True,
+            },
+            id="default-rope-tied",
+        ),
+    ],
+)
+def tiny_folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny"), **request.param)
+
+
+def run_steps(
+    executor: TorchExecutor, sequences: dict[str, list[int]], tables: dict[str, list[int]]
+) -> list[tuple[str, int, torch.Tensor]]:
+    """Run ``STEPS``; return ``(request, position, logits)`` for every sampled row."""
+    seen = []
+    for step in STEPS:
+        plan = SchedulerOutput(
+            [
+                ScheduledRequest(rid, sequences[rid][a:b], a, tables[rid], sample, GREEDY)
+                for rid, a, b, sample in step
+            ]
+        )
+        out = executor.runner.logits(plan)
+        expected_ids = [rid for rid, _, _, sample in step if sample]
+        assert out.request_ids == expected_ids
+        stops = {rid: b for rid, _, b, _ in step}
+        seen += [(rid, stops[rid] - 1, out.logits[i]) for i, rid in enumerate(out.request_ids)]
+    return seen
+
+
+def test_mixed_batches_match_transformers(tiny_folder: Path) -> None:
+    weights = load_folder(tiny_folder, torch.float32)
+    executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=64)
+    rng = random.Random(1)
+    lengths = {rid: max(b for step in STEPS for r, _, b, _ in step if r == rid) for rid in "abcd"}
+    sequences = {rid: [rng.randrange(101) for _ in range(n)] for rid, n in lengths.items()}
+    # Scattered, interleaved block ids: a request's blocks are never contiguous.
+    free = list(range(64))
+    rng.shuffle(free)
+    tables = {rid: [free.pop() for _ in range(-(-n // BLOCK))] for rid, n in lengths.items()}
+
+    rows = run_steps(executor, sequences, tables)
+
+    reference = hf_model(tiny_folder)
+    with torch.no_grad():
+        ref = {rid: reference(torch.tensor([seq])).logits[0] for rid, seq in sequences.items()}
+    assert len(rows) == 11
+    for rid, pos, logits in rows:
+        err = (logits - ref[rid][pos]).abs().max().item()
+        assert err < 1e-4, f"request {rid} position {pos}: max abs logit error {err}"
+
+
+def test_rejects_plans_it_cannot_run(tiny_folder: Path) -> None:
+    weights = load_folder(tiny_folder, torch.float32)
+    executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=8, max_model_len=32)
+    cases = {
+        "outside the pool": ScheduledRequest("x", [1, 2], 0, [8], True, GREEDY),
+        "needs 2 blocks": ScheduledRequest("x", [1] * 5, 0, [0], True, GREEDY),
+        "outside the model's": ScheduledRequest("x", [1], 32, list(range(8)) * 2, True, GREEDY),
+        "token ids outside": ScheduledRequest("x", [101], 0, [0], True, GREEDY),
+        "no tokens": ScheduledRequest("x", [], 0, [0], True, GREEDY),
+    }
+    for message, scheduled in cases.items():
+        with pytest.raises(ValueError, match=message):
+            executor.execute(SchedulerOutput([scheduled]))
+
+
+def test_max_model_len_defaults_to_the_model_and_may_only_shrink(tiny_folder: Path) -> None:
+    weights = load_folder(tiny_folder, torch.float32)
+    assert TorchExecutor(weights, block_size=BLOCK, num_blocks=4).max_model_len == 256
+    assert (
+        TorchExecutor(weights, block_size=BLOCK, num_blocks=4, max_model_len=100).max_model_len
+        == 100
+    )
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings 256"):
+        TorchExecutor(weights, block_size=BLOCK, num_blocks=4, max_model_len=300)
+
+
+def test_bfloat16_stays_close_to_float32(tiny_folder: Path) -> None:
+    tokens = list(range(3, 40))
+    plan = SchedulerOutput([ScheduledRequest("a", tokens, 0, list(range(10)), True, GREEDY)])
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        executor = TorchExecutor(load_folder(tiny_folder, dtype), block_size=BLOCK, num_blocks=16)
+        logits[dtype] = executor.runner.logits(plan).logits[0]
+    probs = {d: torch.softmax(x, -1) for d, x in logits.items()}
+    assert (probs[torch.float32] - probs[torch.bfloat16]).abs().max() < 0.05

@@ -1,0 +1,102 @@
+"""Sampling: filters, seeded reproducibility independent of the batch, logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from orchestrator.request import SamplingParams
+from plugins.torch_executor.sampler import Sampler, SampleRow, filtered_probs, mix_seed
+
+
+def sampler(seed: int = 0) -> Sampler:
+    return Sampler(torch.Generator().manual_seed(seed))
+
+
+def random_logits(rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_picks_the_argmax() -> None:
+    logits = random_logits(4)
+    rows = [SampleRow(SamplingParams(temperature=0), 10)] * 4
+    tokens, logprobs = sampler().sample(logits, rows)
+    assert tokens == logits.argmax(-1).tolist()
+    assert logprobs == [None] * 4
+
+
+def test_top_k_one_is_greedy_at_any_temperature() -> None:
+    logits = random_logits(3)
+    rows = [SampleRow(SamplingParams(temperature=5.0, top_k=1), p) for p in range(3)]
+    assert sampler().sample(logits, rows)[0] == logits.argmax(-1).tolist()
+
+
+def test_top_k_and_top_p_keep_exactly_the_expected_support() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    params = [SamplingParams(top_k=2), SamplingParams(top_p=0.8)]
+    probs = filtered_probs(logits, params)
+    assert (probs[0] > 0).tolist() == [True, True, False, False]
+    # Mass before token 3 is 0.95 >= 0.8, before token 2 it is 0.8 >= 0.8: both dropped.
+    assert (probs[1] > 0).tolist() == [True, True, False, False]
+    assert torch.allclose(probs[1, :2], torch.tensor([0.625, 0.375]))
+
+
+def test_top_p_one_keeps_every_token_beside_a_filtered_row() -> None:
+    # The second row makes the top-p path run; the first must come through untouched
+    # even where the cumulative sum rounds past 1.
+    logits = random_logits(2, vocab=1000)
+    probs = filtered_probs(logits, [SamplingParams(top_p=1.0), SamplingParams(top_p=0.5)])
+    assert torch.equal(probs[0], torch.softmax(logits[0], -1))
+    assert 0 < int((probs[1] > 0).sum()) < 1000
+
+
+def test_temperature_sampling_follows_the_distribution() -> None:
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.log(probs).repeat(4000, 1)
+    rows = [SampleRow(SamplingParams(temperature=1.0), 0)] * 4000
+    tokens = torch.tensor(sampler(seed=3).sample(logits, rows)[0])
+    freq = torch.bincount(tokens, minlength=3).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+def test_seeded_rows_ignore_the_rest_of_the_batch() -> None:
+    logits = random_logits(8, seed=1)
+    mine = SampleRow(SamplingParams(temperature=1.0, seed=42), 17)
+    alone = sampler(0).sample(logits[3:4], [mine])[0][0]
+    others = [SampleRow(SamplingParams(temperature=1.0), p) for p in range(8)]
+    batch = [*others[:3], mine, *others[4:]]
+    for seed in range(5):
+        assert sampler(seed).sample(logits, batch)[0][3] == alone
+
+
+def test_seeded_draws_vary_with_position_and_seed() -> None:
+    logits = torch.zeros(1, 1000)  # uniform: any repeat across 20 draws would be suspicious
+    draws = {
+        sampler().sample(logits, [SampleRow(SamplingParams(seed=s), p)])[0][0]
+        for s, p in [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)] * 1
+    }
+    assert len(draws) == 5
+    assert len({mix_seed(s, p) for s in range(50) for p in range(50)}) == 2500
+    assert all(0 <= mix_seed(s, p) < 2**63 for s in (0, -1, 2**70) for p in (0, 9))
+
+
+def test_logprobs_are_the_models_log_softmax_with_top_alternatives() -> None:
+    logits = random_logits(2)
+    rows = [
+        SampleRow(SamplingParams(temperature=0, logprobs=3), 0),
+        SampleRow(SamplingParams(temperature=0), 0),
+    ]
+    tokens, logprobs = sampler().sample(logits, rows)
+    expected = torch.log_softmax(logits[0], -1)
+    first = logprobs[0]
+    assert first is not None and logprobs[1] is None
+    assert math.isclose(first.logprob, expected[tokens[0]].item(), rel_tol=1e-6)
+    assert [t for t, _ in first.top] == expected.topk(3).indices.tolist()
+    assert first.top[0][1] >= first.top[1][1] >= first.top[2][1]
+
+
+def test_rejects_mismatched_rows() -> None:
+    with pytest.raises(ValueError, match="2 logit rows for 1 sample rows"):
+        sampler().sample(random_logits(2), [SampleRow(SamplingParams(), 0)])
