@@ -15,13 +15,17 @@ from tests.fakes import FakeExecutor
 @dataclass(frozen=True)
 class ExecutorCase:
     """How to build a fresh executor of one kind, and what the suite needs to know of it:
-    its block size (tokens), the exclusive upper bound of its token ids, and whether it
-    implements logprobs (an executor may return none)."""
+    its block size (tokens), the exclusive upper bound of its token ids, whether it
+    implements logprobs (an executor may return none), whether those include the top
+    alternatives, and whether a seeded request's random sequence survives preemption
+    (an executor that seeds a request once, when it is enqueued, cannot resume one)."""
 
     build: Callable[[], Executor]
     block_size: int
     vocab_size: int
     returns_logprobs: bool = True
+    top_logprobs: bool = True
+    seeded_survives_preemption: bool = True
 
 
 def fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
@@ -59,11 +63,38 @@ def torch_smollm2_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase
     )
 
 
+def sim_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
+    from orchestrator.config import EngineConfig
+    from orchestrator.specs import load_model_spec
+    from plugins.sim_executor import SimExecutor
+
+    engine = EngineConfig.model_validate(
+        {
+            "model": {"max_model_len": 2048},
+            "executor": {"type": "sim", "model": "smollm2-135m", "hardware": "l40s"},
+        }
+    )
+    return ExecutorCase(
+        lambda: SimExecutor.from_config(engine.executor.options, engine),
+        engine.cache.block_size,
+        load_model_spec("smollm2-135m").vocab_size,
+        returns_logprobs=False,
+    )
+
+
+def trtllm_fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
+    from tests.trtllm.contract_case import trtllm_fake_case as build_case
+
+    return build_case(tmp_path_factory)
+
+
 # Adding an executor to the suite: one more entry here.
 CASES = [
     pytest.param(fake_case, id="fake"),
     pytest.param(torch_tiny_case, id="torch-tiny"),
     pytest.param(torch_smollm2_case, id="torch-smollm2", marks=pytest.mark.slow),
+    pytest.param(sim_case, id="sim"),
+    pytest.param(trtllm_fake_case, id="trtllm-fake"),
 ]
 
 

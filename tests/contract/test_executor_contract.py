@@ -92,7 +92,11 @@ def test_logprobs_come_only_for_requests_that_ask(case: ExecutorCase, executor: 
         return
     assert set(result.logprobs) == {"a"}
     lp = result.logprobs["a"]
-    assert lp.logprob <= 0 and len(lp.top) == 2
+    assert lp.logprob <= 0
+    if not case.top_logprobs:
+        assert lp.top == []
+        return
+    assert len(lp.top) == 2
     assert lp.top[0][0] == result.sampled["a"]  # greedy picks the most likely token
 
 
@@ -123,10 +127,17 @@ def test_tokens_survive_preemption_by_recompute(case: ExecutorCase) -> None:
     requests = {"greedy": (prompt(case, 17, 30), GREEDY), "seeded": (prompt(case, 9, 31), SEEDED)}
     common = {"max_tokens": 8, "block_size": case.block_size, "chunk": 8}
     plain = generate(case.build(), requests, block_order=range(40), **common)
-    preempted = generate(
-        case.build(), requests, block_order=range(40), preempt={"greedy": 5, "seeded": 6}, **common
-    )
-    assert preempted == plain
+    pattern = {"greedy": 5, "seeded": 6}
+    preempted = generate(case.build(), requests, block_order=range(40), preempt=pattern, **common)
+    if case.seeded_survives_preemption:
+        assert preempted == plain
+        return
+    # Greedy survives; seeded repeats under the same preemptions and keeps the tokens it
+    # had before step 6, after which a new random sequence starts.
+    assert preempted["greedy"] == plain["greedy"]
+    again = generate(case.build(), requests, block_order=range(40), preempt=pattern, **common)
+    assert again == preempted
+    assert preempted["seeded"][:5] == plain["seeded"][:5]
 
 
 def test_shutdown_is_safe_twice(executor: Executor) -> None:

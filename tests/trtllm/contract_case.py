@@ -24,4 +24,6 @@ def trtllm_fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
         BUILD.tokens_per_block,
         BUILD.vocab_size,
         returns_logprobs=True,
+        top_logprobs=False,
+        seeded_survives_preemption=False,
     )
