@@ -408,7 +408,16 @@ class OpenAIServing:
 
 
 def _sse_data(chunk: BaseModel) -> str:
-    return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+    """One SSE event. Like OpenAI's, every streamed choice carries ``finish_reason`` and
+    ``logprobs`` (null until set); unset delta fields and an absent ``usage`` are left out."""
+    data = chunk.model_dump(mode="json")
+    if data.get("usage") is None:
+        data.pop("usage", None)
+    for choice in data.get("choices", []):
+        delta = choice.get("delta")
+        if delta is not None:
+            choice["delta"] = {k: v for k, v in delta.items() if v is not None}
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 async def _unless_disconnected(http: HTTPRequest, work: Awaitable[None]) -> bool:

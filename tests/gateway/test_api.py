@@ -226,6 +226,12 @@ def test_chat_stream_opens_with_the_role(client: TestClient) -> None:
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:])
     assert content == expected_text(rid, CHAT_PROMPT_LEN, 3)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # As OpenAI's: every chunk's choice carries finish_reason and logprobs, null until set;
+    # no usage without stream_options.include_usage.
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        assert choice["finish_reason"] is None and choice["logprobs"] is None
+        assert "usage" not in chunk
 
 
 def test_chat_logprobs(client: TestClient) -> None:
