@@ -23,11 +23,12 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
+from build_engines.check_trtllm_names import NameCheck, run_checks
 from orchestrator.request import SamplingParams
 from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
 from plugins.trtllm import translate
@@ -36,14 +37,6 @@ from plugins.trtllm.names import BINDINGS, MODULE
 from plugins.trtllm.settings import EngineSettings, load_settings
 
 ImportModule = Callable[[str], Any]
-
-
-@dataclass(frozen=True)
-class NameCheck:
-    """``run`` returns ``None`` when the check passes, else why it does not."""
-
-    label: str
-    run: Callable[[], str | None]
 
 
 # ---------------------------------------------------------------------------- names
@@ -240,20 +233,6 @@ def _generate(executor: Any, prompt: list[int], max_tokens: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- main
-
-
-def run_checks(checks: Sequence[NameCheck], out: TextIO) -> int:
-    """Print each check; return how many failed."""
-    failed = 0
-    for check in checks:
-        reason = check.run()
-        if reason is None:
-            print(f"OK       {check.label}", file=out)
-        else:
-            failed += 1
-            print(f"MISSING  {check.label}: {reason}", file=out)
-    print(f"{len(checks)} checks, {failed} failed", file=out)
-    return failed
 
 
 def main(
