@@ -19,8 +19,9 @@ ORCH=${ORCHESTRATOR:-.venv/bin/orchestrator}
 PY=${PYTHON:-.venv/bin/python}
 CONFIG=${CONFIG:-configs/serve/smollm2-cpu.yaml}
 PORT=${PORT:-8123}
-NUM_REQUESTS=${NUM_REQUESTS:-20}
-RATE=${RATE:-0.5}
+NUM_REQUESTS=${NUM_REQUESTS:-48}
+# Above what two CPU cores serve, so that throughput measures capacity, not the offered load.
+RATE=${RATE:-8}
 INPUT_LEN=${INPUT_LEN:-uniform:32:128}
 OUTPUT_LEN=${OUTPUT_LEN:-lognormal:32:0.6:96}
 SEED=${SEED:-0}
