@@ -85,7 +85,8 @@ class SamplingParams:
 class Request:
     """One generation request.
 
-    Times are seconds on the engine's clock. ``num_computed_tokens`` counts the tokens
+    Times are seconds on the engine's clock; ``arrival_time`` is set by the submitter
+    (policies order by it, and TTFT counts from it). ``num_computed_tokens`` counts the tokens
     (prompt first, then output) whose KV is cached; preemption by recompute resets it to
     0 and keeps ``output_token_ids``, so on resumption prompt and output are recomputed.
     """

@@ -81,9 +81,8 @@ class EngineCore:
 
     def add_request(self, request: Request) -> None:
         """Queue a request; raises ``AdmissionError`` or ``OverloadedError`` with nothing
-        queued. ``arrival_time`` is set to now if the caller left it at 0."""
-        if request.arrival_time == 0.0:
-            request.arrival_time = self.clock.now()
+        queued. The caller stamps ``arrival_time`` on this engine's clock (the gateway at
+        HTTP arrival, the simulator at the simulated arrival)."""
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> Request | None:
