@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
 from typing import Literal
 
 from orchestrator.request import Request
@@ -83,11 +82,3 @@ class WaitingQueue:
 
     def __len__(self) -> int:
         return len(self._members)
-
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._members
-
-    def __iter__(self) -> Iterator[Request]:
-        """Members in admission order (sorts a copy: for tests and reports, not the hot path)."""
-        live = [e for e in self._heap if self._members.get(e[1].request_id) == e[0][2]]
-        return iter(r for _, r in sorted(live, key=lambda e: e[0]))
