@@ -36,14 +36,14 @@ from typing import Any
 
 import torch
 
-from orchestrator.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from orchestrator.corpus import token_prompts
-from orchestrator.engine.clock import WallClock
-from orchestrator.engine.core import EngineCore
-from orchestrator.metrics import RequestRecord, Summary, summarize
-from orchestrator.model_source import load_tokenizer, resolve_source
-from orchestrator.request import Request, SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from orchestrator.common.corpus import token_prompts
+from orchestrator.common.metrics import RequestRecord, Summary, summarize
+from orchestrator.common.model_source import load_tokenizer, resolve_source
+from orchestrator.core.clock import WallClock
+from orchestrator.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import Request, SamplingParams
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR
 from plugins.torch_executor.model import RotaryTable, compute_logits, forward_hidden

@@ -13,11 +13,11 @@ import argparse
 import statistics
 import time
 
-from orchestrator.config import SchedulerConfig
-from orchestrator.kv.manager import KVCacheManager
-from orchestrator.request import Request, SamplingParams
-from orchestrator.sched.output import StepResult
-from orchestrator.sched.scheduler import Scheduler
+from orchestrator.core.config import SchedulerConfig
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.output import StepResult
+from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core.sched.scheduler import Scheduler
 
 PROMPT_LEN = 64
 DECODE_WEIGHT_LOAD_S = 0.0418  # Llama-3-70B BF16 on H100: one decode step's weight load

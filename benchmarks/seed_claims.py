@@ -19,17 +19,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.config import EngineConfig
-from orchestrator.sim.config import SimConfig, SLOConfig
-from orchestrator.sim.runner import SimResult, ceiling_rate, rate_sweep, run_simulation
-from orchestrator.sim.workload import (
+from orchestrator.common.specs import load_gpu_spec, load_model_spec
+from orchestrator.common.workloads import (
     ClosedLoop,
     FixedLength,
     LogNormalLength,
     PoissonArrivals,
     WorkloadConfig,
 )
-from orchestrator.specs import load_gpu_spec, load_model_spec
+from orchestrator.core.config import EngineConfig
+from orchestrator.sim.config import SimConfig, SLOConfig
+from orchestrator.sim.runner import SimResult, ceiling_rate, rate_sweep, run_simulation
 from plugins.sim_executor import CostModel, SimExecutor
 
 

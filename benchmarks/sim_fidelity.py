@@ -19,23 +19,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.config import EngineConfig
-from orchestrator.engine.clock import VirtualClock, WallClock
-from orchestrator.engine.core import EngineCore
-from orchestrator.executor import Executor, create_executor
-from orchestrator.metrics import RequestRecord, Summary, summarize
-from orchestrator.request import Request, SamplingParams
-from orchestrator.sim.calibrate import calibrate, torch_engine
-from orchestrator.sim.config import load_sim_config
-from orchestrator.sim.driver import Simulation, build_replicas, synthetic_prompt
-from orchestrator.sim.router import RoundRobinRouter
-from orchestrator.sim.workload import (
+from orchestrator.common.metrics import RequestRecord, Summary, summarize
+from orchestrator.common.workloads import (
     ClosedLoop,
     UniformLength,
     Workload,
     WorkloadConfig,
     build_workload,
 )
+from orchestrator.core.clock import VirtualClock, WallClock
+from orchestrator.core.config import EngineConfig
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.executor import Executor, create_executor
+from orchestrator.core.request import Request, SamplingParams
+from orchestrator.sim.calibrate import calibrate, torch_engine
+from orchestrator.sim.config import load_sim_config
+from orchestrator.sim.driver import Simulation, build_replicas, synthetic_prompt
+from orchestrator.sim.router import RoundRobinRouter
 
 TARGET = 0.15
 WORKLOAD = WorkloadConfig(

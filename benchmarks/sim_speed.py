@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.engine.core import EngineCore
+from orchestrator.common.workloads import build_workload
+from orchestrator.core.engine import EngineCore
 from orchestrator.sim.config import load_sim_config
 from orchestrator.sim.driver import simulate
 from orchestrator.sim.report import build_report
 from orchestrator.sim.router import make_router
-from orchestrator.sim.workload import build_workload
 from plugins.sim_executor import SimExecutor
 
 CONFIG = "configs/sim/llama3-70b-fp8-h100-tp2.yaml"

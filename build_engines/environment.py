@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from build_engines.commands import Toolchain
 from build_engines.spec import BuildSpec
-from orchestrator.specs import GPUSpec
+from orchestrator.common.specs import GPUSpec
 
 # Distribution name -> manifest key.
 _TOOLS = {

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from build_engines.spec import BuildSpec
-from orchestrator.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
+from orchestrator.common.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
 
 # Our dtype names -> the shared table's dtype of the same width (the table lists only
 # floating-point types; INT8 is as wide as FP8).

@@ -16,7 +16,7 @@ from build_engines.commands import (
 from build_engines.memory import MemoryPlan, plan_memory
 from build_engines.spec import BuildSpec, load_build_spec
 from build_engines.validate import Finding, RuleInput, Severity, validate
-from orchestrator.specs import GPUSpec, ModelSpec
+from orchestrator.common.specs import GPUSpec, ModelSpec
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from build_engines.memory import MemoryPlan
 from build_engines.spec import Backend, BuildSpec, PluginSection
-from orchestrator.specs import GPUSpec, ModelSpec
+from orchestrator.common.specs import GPUSpec, ModelSpec
 
 
 class Severity(StrEnum):

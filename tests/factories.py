@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from orchestrator.config import SchedulerConfig
-from orchestrator.engine.clock import VirtualClock
-from orchestrator.engine.core import EngineCore, EngineStep
-from orchestrator.kv.manager import KVCacheManager
-from orchestrator.request import Request, SamplingParams
-from orchestrator.sched.scheduler import Scheduler
+from orchestrator.core.clock import VirtualClock
+from orchestrator.core.config import SchedulerConfig
+from orchestrator.core.engine import EngineCore, EngineStep
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core.sched.scheduler import Scheduler
 from tests.fakes import FakeExecutor
 
 _ids = itertools.count()

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.sched.output import SchedulerOutput, StepResult
+from orchestrator.core.output import SchedulerOutput, StepResult
 
 
 def fake_token(request_id: str, position: int, vocab_size: int = 1000) -> int:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from orchestrator.bench.bench_requests import BenchRequest
     from orchestrator.bench.client import StreamClient
     from orchestrator.bench.load import LoadShape
     from orchestrator.bench.results import BenchReport
     from orchestrator.bench.runner import RunResult
     from orchestrator.bench.tokenizer import ModelTokenizer
-    from orchestrator.bench.workload import BenchRequest
 
 DEFAULT_NUM_REQUESTS = 100
 # Above this p99 lag behind the send schedule, the client rather than the server set
@@ -193,13 +193,13 @@ def _bench(args: argparse.Namespace) -> int:
     import asyncio
     import datetime
 
+    from orchestrator.bench.bench_requests import write_workload
     from orchestrator.bench.client import normalize_base_url
     from orchestrator.bench.errors import BenchError
     from orchestrator.bench.results import BenchReport, write_records, write_report
     from orchestrator.bench.runner import summarize_run
     from orchestrator.bench.tokenizer import ModelTokenizer
-    from orchestrator.bench.workload import write_workload
-    from orchestrator.metrics import SLO
+    from orchestrator.common.metrics import SLO
 
     if not args.url:
         raise BenchError("--url is required (or --compare A.json B.json)")
@@ -303,8 +303,8 @@ def _shapes(args: argparse.Namespace) -> list[LoadShape]:
 
     from orchestrator.bench.errors import BenchError
     from orchestrator.bench.load import BurstArrivals
-    from orchestrator.config import format_errors
-    from orchestrator.sim.workload import ClosedLoop, GammaArrivals, PoissonArrivals
+    from orchestrator.common.workloads import ClosedLoop, GammaArrivals, PoissonArrivals
+    from orchestrator.core.config import format_errors
 
     rates: list[float] = args.sweep_rates or [args.rate]
     if args.sweep_rates and args.load not in ("poisson", "gamma"):
@@ -332,8 +332,8 @@ def _seconds(ms: float | None, flag: str) -> float | None:
 
 
 def _workload(args: argparse.Namespace, tokenizer: ModelTokenizer) -> list[BenchRequest]:
+    from orchestrator.bench.bench_requests import parse_length, read_workload, synthetic_workload
     from orchestrator.bench.errors import BenchError
-    from orchestrator.bench.workload import parse_length, read_workload, synthetic_workload
 
     if args.num_requests is not None and args.num_requests < 1:
         raise BenchError(f"--num-requests must be at least 1, got {args.num_requests}")

@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
+from orchestrator.bench.bench_requests import BenchRequest
 from orchestrator.bench.errors import BenchError
-from orchestrator.bench.workload import BenchRequest
 
 # A stream that finished cleanly but carried no text. Measured requests count it as a
 # failure; the probe accepts it (one token may decode to no text yet).

@@ -2,7 +2,7 @@
 
 Open-loop shapes fix every send time up front, independent of how fast the server
 answers: Poisson and gamma (bursty) arrivals are the simulator's own
-(``orchestrator.sim.workload``, the same times for the same seed), and a burst sends
+(``orchestrator.common.workloads``, the same times for the same seed), and a burst sends
 everything at once. The closed loop keeps ``concurrency`` requests in flight, each
 client sending its next request ``think_time_s`` after its previous one finished.
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from orchestrator.config import StrictModel
-from orchestrator.sim.workload import (
+from orchestrator.common.workloads import (
     ClosedLoop,
     GammaArrivals,
     PoissonArrivals,
     WorkloadConfig,
     build_workload,
 )
+from orchestrator.core.config import StrictModel
 
 
 class BurstArrivals(StrictModel):

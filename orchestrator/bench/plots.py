@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.bench.report import slo_text
 from orchestrator.bench.results import RunSummary
-from orchestrator.metrics import RequestRecord
+from orchestrator.common.metrics import RequestRecord
 
 
 def plot_cdfs(runs: Sequence[tuple[str, Sequence[RequestRecord]]], out_dir: Path) -> list[Path]:

@@ -1,5 +1,5 @@
 """Tables for the terminal (rich): one run, a sweep over rates, and two runs side by
-side. Every number comes from a ``Summary`` of ``orchestrator.metrics``; latencies are
+side. Every number comes from a ``Summary`` of ``orchestrator.common.metrics``; latencies are
 shown in milliseconds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from rich.table import Table
 
 from orchestrator.bench.results import BenchReport, RunSummary
-from orchestrator.metrics import PERCENTILES, SLO, Distribution, Summary
+from orchestrator.common.metrics import PERCENTILES, SLO, Distribution, Summary
 
 _LATENCIES: tuple[tuple[str, Callable[[Summary], Distribution]], ...] = (
     ("TTFT", lambda s: s.ttft),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.bench.errors import BenchError
-from orchestrator.metrics import PERCENTILES, SLO, Distribution, RequestRecord, Summary
+from orchestrator.common.metrics import PERCENTILES, SLO, Distribution, RequestRecord, Summary
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """Drive a workload through a load shape, and turn what the client saw into the shared
-``RequestRecord``s that ``orchestrator.metrics`` summarises."""
+``RequestRecord``s that ``orchestrator.common.metrics`` summarises."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from orchestrator.bench.bench_requests import BenchRequest
 from orchestrator.bench.client import StreamClient, StreamResult
 from orchestrator.bench.load import LoadShape, describe, rate_of, send_offsets
 from orchestrator.bench.results import RunSummary
 from orchestrator.bench.tokenizer import TextTokenizer
-from orchestrator.bench.workload import BenchRequest
-from orchestrator.metrics import SLO, RequestRecord, percentile, summarize
-from orchestrator.sim.workload import ClosedLoop
+from orchestrator.common.metrics import SLO, RequestRecord, percentile, summarize
+from orchestrator.common.workloads import ClosedLoop
 
 
 @dataclass(frozen=True, slots=True)

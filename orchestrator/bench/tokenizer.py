@@ -19,7 +19,7 @@ class TextTokenizer(Protocol):
 
 
 class ModelTokenizer:
-    """A model's tokenizer, loaded by ``orchestrator.model_source`` on the first call.
+    """A model's tokenizer, loaded by ``orchestrator.common.model_source`` on the first call.
 
     ``source`` is anything ``ModelConfig.source`` accepts: ``embedded:<name>``, a local
     Hugging Face folder, a folder holding a GGUF file, or a Hub repo id.
@@ -35,8 +35,8 @@ class ModelTokenizer:
 
     def _get(self) -> Any:
         if self._tokenizer is None:
-            from orchestrator.config import ModelConfig
-            from orchestrator.model_source import load_tokenizer
+            from orchestrator.common.model_source import load_tokenizer
+            from orchestrator.core.config import ModelConfig
 
             try:
                 self._tokenizer = load_tokenizer(ModelConfig(source=self.source))

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Mapping
 
 from fastapi import FastAPI
 
-from orchestrator.config import EngineConfig
-from orchestrator.engine.async_engine import AsyncEngine
+from orchestrator.core.config import EngineConfig
+from orchestrator.gateway.async_engine import AsyncEngine
 from orchestrator.gateway.auth import APIKeyMiddleware, configured_keys
 from orchestrator.gateway.errors import install_error_handlers
 from orchestrator.gateway.lifecycle import GatewayLifecycle, Loader

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.detokenize import IncrementalDetokenizer, StopStringMatcher
+from orchestrator.common.metrics import RequestRecord
+from orchestrator.core.output import RequestOutput
+from orchestrator.core.request import FinishReason, Request
+from orchestrator.gateway.detokenize import IncrementalDetokenizer, StopStringMatcher
 from orchestrator.gateway.tokenizer import Tokenizer
-from orchestrator.metrics import RequestRecord
-from orchestrator.request import FinishReason, Request
-from orchestrator.sched.output import RequestOutput
 
 
 @dataclass(frozen=True, slots=True)

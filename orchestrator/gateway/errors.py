@@ -17,8 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.engine.async_engine import RequestFailedError
-from orchestrator.errors import AdmissionError, EngineDeadError, OverloadedError
+from orchestrator.core.errors import AdmissionError, EngineDeadError, OverloadedError
+from orchestrator.gateway.async_engine import RequestFailedError
 from orchestrator.gateway.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+from orchestrator.core.request import FinishReason
 from orchestrator.gateway.choice import ChoiceDelta, TokenLogprob
 from orchestrator.gateway.protocol import (
     AssistantMessage,
@@ -27,7 +28,6 @@ from orchestrator.gateway.protocol import (
     Usage,
 )
 from orchestrator.gateway.tokenizer import Tokenizer
-from orchestrator.request import FinishReason
 
 
 def _api_finish_reason(reason: FinishReason | None) -> FinishReasonLiteral | None:

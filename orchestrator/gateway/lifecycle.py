@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.engine.async_engine import AsyncEngine
-from orchestrator.engine.core import EngineCore, EngineStats
-from orchestrator.errors import EngineDeadError
+from orchestrator.core.engine import EngineCore, EngineStats
+from orchestrator.core.errors import EngineDeadError
+from orchestrator.gateway.async_engine import AsyncEngine
 from orchestrator.gateway.errors import APIError
 from orchestrator.gateway.tokenizer import Tokenizer
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of the gateway, in a registry of its own (no global state).
 
-Latencies come from ``orchestrator.metrics.RequestRecord``, so TTFT, TPOT, inter-token
+Latencies come from ``orchestrator.common.metrics.RequestRecord``, so TTFT, TPOT, inter-token
 latency and end-to-end latency mean here exactly what they mean in the simulator and the
 benchmark client. Each engine request (one choice of an API request) is one record: its
 arrival is when the API request reached the gateway, its token times are when each
@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from orchestrator.engine.core import EngineStats
-from orchestrator.metrics import RequestRecord
-from orchestrator.request import FinishReason
+from orchestrator.common.metrics import RequestRecord
+from orchestrator.core.engine import EngineStats
+from orchestrator.core.request import FinishReason
 
 PREFIX = "orchestrator"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80)

@@ -23,8 +23,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from orchestrator.engine.async_engine import AsyncEngine, RequestStream
-from orchestrator.errors import EngineError, OverloadedError
+from orchestrator.core.errors import EngineError, OverloadedError
+from orchestrator.core.request import FinishReason, Request, SamplingParams
+from orchestrator.gateway.async_engine import AsyncEngine, RequestStream
 from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
 from orchestrator.gateway.errors import APIError, to_api_error
 from orchestrator.gateway.formats import ChatFormat, CompletionFormat, ResponseFormat
@@ -36,7 +37,6 @@ from orchestrator.gateway.protocol import (
     Usage,
 )
 from orchestrator.gateway.tokenizer import ChatTemplateError, Tokenizer
-from orchestrator.request import FinishReason, Request, SamplingParams
 
 logger = logging.getLogger("orchestrator.gateway.requests")
 

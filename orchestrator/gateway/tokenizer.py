@@ -1,6 +1,6 @@
 """The tokenizer as the gateway uses it: prompts to ids, ids to text, end-of-sequence ids.
 
-``HFTokenizer`` adapts a Hugging Face tokenizer (``orchestrator.model_source.
+``HFTokenizer`` adapts a Hugging Face tokenizer (``orchestrator.common.model_source.
 load_tokenizer``); tests supply a small fake with the same methods.
 """
 

@@ -3,7 +3,7 @@
 calibrate``.
 
 Modules: ``workload`` (arrivals and lengths), ``driver`` (discrete-event loop, replicas),
-``router``, ``report`` (metrics from ``orchestrator.metrics`` plus occupancy, KV usage,
+``router``, ``report`` (metrics from ``orchestrator.common.metrics`` plus occupancy, KV usage,
 utilisation), ``runner`` (config to report, rate searches), ``plan`` and ``tune`` (the
 searches), ``plots``, ``calibrate`` (fits the cost model to this machine), ``cli`` and
 ``commands`` (the sub-commands).

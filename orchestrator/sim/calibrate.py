@@ -23,11 +23,11 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config import EngineConfig, ExecutorSpec, load_engine_config
-from orchestrator.executor import Executor, create_executor
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
-from orchestrator.specs import DType, GPUSpec, ModelSpec, load_model_spec
+from orchestrator.common.specs import DType, GPUSpec, ModelSpec, load_model_spec
+from orchestrator.core.config import EngineConfig, ExecutorSpec, load_engine_config
+from orchestrator.core.executor import Executor, create_executor
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 from plugins.sim_executor import CostModel, SimExecutorConfig, StepCost
 
 # (new tokens, cached positions) per request of each measured step.

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from orchestrator.config import EngineConfig, ExecutorSpec, ModelConfig
+from orchestrator.common.workloads import FixedLength, PoissonArrivals, WorkloadConfig
+from orchestrator.core.config import EngineConfig, ExecutorSpec, ModelConfig
 from orchestrator.sim.config import ClusterConfig, SimConfig, SLOConfig, load_sim_config
 from orchestrator.sim.plan import Probe, TPPlan, plan_capacity
 from orchestrator.sim.plots import write_plots
@@ -28,7 +29,6 @@ from orchestrator.sim.tune import (
 from orchestrator.sim.tune import (
     tune as tune_grid,
 )
-from orchestrator.sim.workload import FixedLength, PoissonArrivals, WorkloadConfig
 from plugins.sim_executor import SimExecutorConfig
 
 

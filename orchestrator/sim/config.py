@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.config import EngineConfig, StrictModel, load_yaml
-from orchestrator.metrics import SLO
-from orchestrator.sim.workload import WorkloadConfig
+from orchestrator.common.metrics import SLO
+from orchestrator.common.workloads import WorkloadConfig
+from orchestrator.core.config import EngineConfig, StrictModel, load_yaml
 
 RouterName = Literal["round_robin", "least_outstanding_tokens"]
 

@@ -19,14 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.config import EngineConfig
-from orchestrator.engine.clock import VirtualClock
-from orchestrator.engine.core import EngineCore, EngineStep
-from orchestrator.errors import AdmissionError, OverloadedError
-from orchestrator.metrics import RequestRecord
-from orchestrator.request import Request, SamplingParams
+from orchestrator.common.metrics import RequestRecord
+from orchestrator.common.workloads import RequestSpec, Workload
+from orchestrator.core.clock import VirtualClock
+from orchestrator.core.config import EngineConfig
+from orchestrator.core.engine import EngineCore, EngineStep
+from orchestrator.core.errors import AdmissionError, OverloadedError
+from orchestrator.core.request import Request, SamplingParams
 from orchestrator.sim.router import Router
-from orchestrator.sim.workload import RequestSpec, Workload
 
 # Synthetic prompt ids stay below the smallest vocabulary of the models in configs/.
 PROMPT_VOCAB = 32_000

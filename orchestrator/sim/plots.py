@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.metrics import RequestRecord
+from orchestrator.common.metrics import RequestRecord
 from orchestrator.sim.driver import SimRun
 from orchestrator.sim.runner import SimResult
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.config import EngineConfig
-from orchestrator.executor import Executor
-from orchestrator.metrics import PERCENTILES, SLO, Summary, summarize
+from orchestrator.common.metrics import PERCENTILES, SLO, Summary, summarize
+from orchestrator.common.workloads import Workload
+from orchestrator.core.config import EngineConfig
+from orchestrator.core.executor import Executor
 from orchestrator.sim.driver import SimRun
-from orchestrator.sim.workload import Workload
 from plugins.sim_executor import SimExecutor
 
 CAUSES = ("weights", "kv", "compute", "comms", "overhead")

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from orchestrator.executor import create_executor
+from orchestrator.common.workloads import Workload, build_workload
+from orchestrator.core.executor import create_executor
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.driver import SimRun, simulate
 from orchestrator.sim.report import SimReport, build_report, throughput_ceiling
 from orchestrator.sim.router import make_router
-from orchestrator.sim.workload import Workload, build_workload
 
 
 @dataclass(frozen=True)

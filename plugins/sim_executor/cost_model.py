@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.sched.output import SchedulerOutput
-from orchestrator.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
+from orchestrator.common.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
+from orchestrator.core.output import SchedulerOutput
 
 # Activations cross the interconnect in 16-bit whatever the weight format.
 ACTIVATION_BYTES = 2.0

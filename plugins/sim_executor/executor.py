@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from orchestrator.sched.output import SchedulerOutput, StepResult
+from orchestrator.core.output import SchedulerOutput, StepResult
 from plugins.sim_executor.config import SimExecutorConfig
 from plugins.sim_executor.cost_model import CostModel, StepCost
 from plugins.sim_executor.memory import MemoryPlan, memory_plan
 
 if TYPE_CHECKING:
-    from orchestrator.config import EngineConfig
+    from orchestrator.core.config import EngineConfig
 
 
 class SimExecutor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from orchestrator.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
+from orchestrator.common.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
 
 
 class DoesNotFitError(ValueError):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestrator.sched.output import SchedulerOutput, StepResult
+from orchestrator.core.output import SchedulerOutput, StepResult
 from plugins.torch_executor.config import TorchExecutorConfig
 
 if TYPE_CHECKING:
-    from orchestrator.config import EngineConfig
+    from orchestrator.core.config import EngineConfig
     from plugins.torch_executor.runner import ModelRunner
     from plugins.torch_executor.weights import LlamaWeights
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import TokenLogprobs
+from orchestrator.core.output import TokenLogprobs
+from orchestrator.core.request import SamplingParams
 
 _MASK64 = (1 << 64) - 1
 

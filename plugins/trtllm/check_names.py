@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from build_engines.check_trtllm_names import NameCheck, run_checks
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.names import BINDINGS, MODULE

@@ -30,14 +30,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.config import ConfigError, EngineConfig
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import (
+from orchestrator.core.config import ConfigError, EngineConfig
+from orchestrator.core.output import (
     ScheduledRequest,
     SchedulerOutput,
     StepResult,
     TokenLogprobs,
 )
+from orchestrator.core.request import SamplingParams
 from plugins.trtllm import translate
 from plugins.trtllm.blocks import BlockTokens
 from plugins.trtllm.config import TrtllmExecutorConfig

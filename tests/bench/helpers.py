@@ -8,13 +8,13 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from orchestrator.bench.bench_requests import BenchRequest
 from orchestrator.bench.cli import register
 from orchestrator.bench.client import Api, StreamClient
 from orchestrator.bench.load import LoadShape
 from orchestrator.bench.runner import RunResult, run_load, to_records
 from orchestrator.bench.tokenizer import TextTokenizer
-from orchestrator.bench.workload import BenchRequest
-from orchestrator.metrics import RequestRecord
+from orchestrator.common.metrics import RequestRecord
 
 
 def make_requests(n: int, max_tokens: int = 8, prompt: str = "one two three") -> list[BenchRequest]:

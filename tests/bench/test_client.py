@@ -19,8 +19,8 @@ from orchestrator.bench.client import (
 )
 from orchestrator.bench.errors import BenchError
 from orchestrator.bench.load import BurstArrivals
-from orchestrator.metrics import percentile, summarize
-from orchestrator.sim.workload import ClosedLoop
+from orchestrator.common.metrics import percentile, summarize
+from orchestrator.common.workloads import ClosedLoop
 from tests.bench.helpers import UnusableTokenizer, make_requests, records
 
 TTFT_S = 0.2

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from orchestrator.bench.load import BurstArrivals, describe, max_in_flight, rate_of, send_offsets
-from orchestrator.sim.workload import (
+from orchestrator.common.workloads import (
     ClosedLoop,
     GammaArrivals,
     PoissonArrivals,

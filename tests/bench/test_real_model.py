@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orchestrator.bench.bench_requests import synthetic_workload
 from orchestrator.bench.errors import BenchError
 from orchestrator.bench.results import read_records, read_report
 from orchestrator.bench.tokenizer import ModelTokenizer
-from orchestrator.bench.workload import synthetic_workload
-from orchestrator.sim.workload import FixedLength, UniformLength, WorkloadConfig, build_workload
+from orchestrator.common.workloads import FixedLength, UniformLength, WorkloadConfig, build_workload
 from tests.bench.helpers import bench
 
 SERVE_CONFIG = Path(__file__).parents[2] / "configs/serve/smollm2-cpu.yaml"

@@ -26,7 +26,7 @@ from orchestrator.bench.results import (
     write_records,
     write_report,
 )
-from orchestrator.metrics import SLO, RequestRecord, summarize
+from orchestrator.common.metrics import SLO, RequestRecord, summarize
 
 SLO_500_80 = SLO(ttft_s=0.5, tpot_s=0.08)
 

@@ -9,8 +9,8 @@ import itertools
 import pytest
 
 from orchestrator.bench.load import BurstArrivals, send_offsets
-from orchestrator.metrics import percentile, summarize
-from orchestrator.sim.workload import ClosedLoop, PoissonArrivals
+from orchestrator.common.metrics import percentile, summarize
+from orchestrator.common.workloads import ClosedLoop, PoissonArrivals
 from tests.bench.helpers import UnusableTokenizer, make_requests, records
 
 STREAMS = 64

@@ -8,15 +8,15 @@ import re
 
 import pytest
 
-from orchestrator.bench.errors import BenchError
-from orchestrator.bench.workload import (
+from orchestrator.bench.bench_requests import (
     BenchRequest,
     parse_length,
     read_workload,
     synthetic_workload,
     write_workload,
 )
-from orchestrator.sim.workload import (
+from orchestrator.bench.errors import BenchError
+from orchestrator.common.workloads import (
     ClosedLoop,
     FixedLength,
     LogNormalLength,

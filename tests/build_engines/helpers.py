@@ -21,7 +21,7 @@ from build_engines.plan import BuildPlan, make_plan
 from build_engines.runners import DownloadResult, Runners
 from build_engines.spec import BuildSpec, ModelSection
 from build_engines.verify import verify_artifact
-from orchestrator.specs import load_gpu_spec, load_model_spec
+from orchestrator.common.specs import load_gpu_spec, load_model_spec
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TOOLCHAIN = Toolchain(python="python", examples_dir=Path("examples"))

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from build_engines.cli import EXIT_FAILED, EXIT_INVALID, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, main
 from build_engines.environment import Environment
-from orchestrator.specs import CONFIGS_DIR
+from orchestrator.common.specs import CONFIGS_DIR
 from tests.build_engines.helpers import FakeTools, ready_environment, spec_data
 
 FLAGSHIP = str(CONFIGS_DIR / "build" / "llama3-70b-fp8-h100-tp2.yaml")

@@ -8,7 +8,7 @@ import pytest
 
 from build_engines.commands import Toolchain, describe_download, llm_api_options, shell
 from build_engines.plan import BuildPlan, plan_from_file
-from orchestrator.specs import CONFIGS_DIR
+from orchestrator.common.specs import CONFIGS_DIR
 from tests.build_engines.helpers import PYTORCH, TOOLCHAIN, make_spec, plan_for
 
 BUILD_CONFIGS = CONFIGS_DIR / "build"

@@ -10,7 +10,7 @@ import pytest
 from build_engines import environment
 from build_engines.commands import Toolchain
 from build_engines.environment import Environment, gpu_family
-from orchestrator.specs import load_gpu_spec
+from orchestrator.common.specs import load_gpu_spec
 from tests.build_engines.helpers import PYTORCH, make_spec, ready_environment
 
 H100 = load_gpu_spec("h100-sxm")

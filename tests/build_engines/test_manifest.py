@@ -15,7 +15,7 @@ from build_engines.manifest import (
     write_manifest,
 )
 from build_engines.verify import Verification
-from orchestrator.config import ConfigError
+from orchestrator.core.config import ConfigError
 from tests.build_engines.helpers import make_spec
 
 

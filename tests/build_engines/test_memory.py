@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from build_engines.memory import kv_bytes_per_token_per_gpu, plan_memory, weight_bytes_per_gpu
-from orchestrator.specs import load_gpu_spec, load_model_spec
+from orchestrator.common.specs import load_gpu_spec, load_model_spec
 from tests.build_engines.helpers import make_spec
 
 LLAMA3_70B = load_model_spec("llama3-70b")

@@ -9,8 +9,8 @@ import yaml
 
 from build_engines.plan import plan_from_file
 from build_engines.spec import load_build_spec
-from orchestrator.config import ConfigError
-from orchestrator.specs import CONFIGS_DIR
+from orchestrator.common.specs import CONFIGS_DIR
+from orchestrator.core.config import ConfigError
 from tests.build_engines.helpers import TOOLCHAIN, make_spec, spec_data
 
 SHIPPED = sorted((CONFIGS_DIR / "build").glob("*.yaml"))

@@ -8,7 +8,7 @@ import pytest
 
 from build_engines.memory import plan_memory
 from build_engines.validate import RULES, RuleInput, Severity, validate
-from orchestrator.specs import load_gpu_spec, load_model_spec
+from orchestrator.common.specs import load_gpu_spec, load_model_spec
 from tests.build_engines.helpers import PYTORCH, make_spec
 
 NO_PAGED_FMHA = {"plugins": {"use_paged_context_fmha": False}}

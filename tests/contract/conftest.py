@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.executor import Executor
+from orchestrator.core.executor import Executor
 from tests.fakes import FakeExecutor
 
 
@@ -64,8 +64,8 @@ def torch_smollm2_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase
 
 
 def sim_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
-    from orchestrator.config import EngineConfig
-    from orchestrator.specs import load_model_spec
+    from orchestrator.common.specs import load_model_spec
+    from orchestrator.core.config import EngineConfig
     from plugins.sim_executor import SimExecutor
 
     engine = EngineConfig.model_validate(

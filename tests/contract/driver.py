@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from orchestrator.executor import Executor
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.executor import Executor
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 
 
 @dataclass

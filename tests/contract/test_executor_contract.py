@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 import random
 
-from orchestrator.executor import Executor
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.executor import Executor
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 from tests.contract.conftest import ExecutorCase
 from tests.contract.driver import generate
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.config import ModelConfig
-from orchestrator.model_source import load_tokenizer, resolve_source
+from orchestrator.common.model_source import load_tokenizer, resolve_source
+from orchestrator.core.config import ModelConfig
 from plugins.torch_executor.weights import LlamaWeights
 from tests.e2e.models import hf_model, session_cache_dir, smollm_weights
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from orchestrator.config import ModelConfig
-from orchestrator.model_source import resolve_source
+from orchestrator.common.model_source import resolve_source
+from orchestrator.core.config import ModelConfig
 from plugins.torch_executor.weights import LlamaWeights, cached_gguf_folder, load_folder
 
 TINY_CONFIG: dict[str, Any] = {

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.config import CacheConfig, EngineConfig, SchedulerConfig
-from orchestrator.corpus import token_prompts
-from orchestrator.engine.core import EngineCore
-from orchestrator.request import Request, SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from orchestrator.common.corpus import token_prompts
+from orchestrator.core.config import CacheConfig, EngineConfig, SchedulerConfig
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import Request, SamplingParams
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.weights import LlamaWeights
 

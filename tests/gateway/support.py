@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 
-from orchestrator.config import EngineConfig
-from orchestrator.engine.clock import WallClock
-from orchestrator.engine.core import EngineCore
+from orchestrator.core.clock import WallClock
+from orchestrator.core.config import EngineConfig
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.output import SchedulerOutput, StepResult, TokenLogprobs
 from orchestrator.gateway.app import create_app
 from orchestrator.gateway.lifecycle import LoadedModel, Loader
 from orchestrator.gateway.server import GatewayServer, build_server
-from orchestrator.sched.output import SchedulerOutput, StepResult, TokenLogprobs
 from tests.factories import make_scheduler
 from tests.fakes import FakeExecutor
 

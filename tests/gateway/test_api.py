@@ -16,11 +16,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.engine.core import EngineCore
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.output import SchedulerOutput, StepResult
 from orchestrator.gateway.app import create_app
 from orchestrator.gateway.lifecycle import GatewayLifecycle, LoadedModel
 from orchestrator.gateway.tokenizer import ChatTemplateError
-from orchestrator.sched.output import SchedulerOutput, StepResult
 from tests.fakes import fake_token
 from tests.gateway.support import (
     MODEL,

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.engine.async_engine import AsyncEngine, RequestFailedError
-from orchestrator.engine.core import EngineCore, EngineStep
-from orchestrator.errors import AdmissionError, EngineDeadError, OverloadedError
-from orchestrator.request import FinishReason
-from orchestrator.sched.output import SchedulerOutput, StepResult
+from orchestrator.core.engine import EngineCore, EngineStep
+from orchestrator.core.errors import AdmissionError, EngineDeadError, OverloadedError
+from orchestrator.core.output import SchedulerOutput, StepResult
+from orchestrator.core.request import FinishReason
+from orchestrator.gateway.async_engine import AsyncEngine, RequestFailedError
 from tests.factories import make_request
 from tests.fakes import fake_token
 from tests.gateway.support import fake_core

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.detokenize import (
+from orchestrator.gateway.detokenize import (
     REPLACEMENT_CHAR,
     IncrementalDetokenizer,
     StopStringMatcher,

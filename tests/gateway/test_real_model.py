@@ -15,13 +15,13 @@ import httpx
 import openai
 import pytest
 
-from orchestrator.config import EngineConfig, load_engine_config
-from orchestrator.corpus import token_prompts
-from orchestrator.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
-from orchestrator.engine.core import EngineCore
+from orchestrator.common.corpus import token_prompts
+from orchestrator.common.model_source import load_tokenizer
+from orchestrator.core.config import EngineConfig, load_engine_config
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.request import Request, SamplingParams
+from orchestrator.gateway.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
 from orchestrator.gateway.tokenizer import HFTokenizer
-from orchestrator.model_source import load_tokenizer
-from orchestrator.request import Request, SamplingParams
 from tests.gateway.support import metric, running_server, sse_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator.engine.core import EngineCore
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.output import SchedulerOutput, StepResult
 from orchestrator.gateway.lifecycle import LoadedModel
 from orchestrator.gateway.server import GatewayServer, build_server
-from orchestrator.sched.output import SchedulerOutput, StepResult
 from tests.gateway.support import (
     MODEL,
     TimedExecutor,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import EngineConfig
-from orchestrator.executor import create_executor
+from orchestrator.common.specs import load_gpu_spec, load_model_spec
+from orchestrator.core.config import EngineConfig
+from orchestrator.core.executor import create_executor
 from orchestrator.sim.calibrate import SHAPES, fit, main, predict, shape_plan, unit_costs
 from orchestrator.sim.config import load_sim_config
-from orchestrator.specs import load_gpu_spec, load_model_spec
 from plugins.sim_executor import SimExecutor
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import load_engine_config
+from orchestrator.core.config import load_engine_config
 from orchestrator.sim import cli
 from orchestrator.sim.config import load_sim_config
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
-from orchestrator.specs import GPUSpec, load_gpu_spec, load_model_spec
+from orchestrator.common.specs import GPUSpec, load_gpu_spec, load_model_spec
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 from plugins.sim_executor import CostModel
 
 LLAMA_70B = load_model_spec("llama3-70b")

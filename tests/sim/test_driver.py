@@ -6,15 +6,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import EngineConfig, SchedulerConfig
-from orchestrator.engine.clock import VirtualClock
-from orchestrator.engine.core import EngineCore
-from orchestrator.kv.manager import KVCacheManager
-from orchestrator.metrics import RequestRecord
-from orchestrator.sched.scheduler import Scheduler
-from orchestrator.sim.driver import Replica, SimRun, Simulation, simulate, synthetic_prompt
-from orchestrator.sim.router import RoundRobinRouter, make_router
-from orchestrator.sim.workload import (
+from orchestrator.common.metrics import RequestRecord
+from orchestrator.common.workloads import (
     ClosedLoop,
     FixedLength,
     PoissonArrivals,
@@ -24,6 +17,13 @@ from orchestrator.sim.workload import (
     WorkloadConfig,
     build_workload,
 )
+from orchestrator.core.clock import VirtualClock
+from orchestrator.core.config import EngineConfig, SchedulerConfig
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.sched.scheduler import Scheduler
+from orchestrator.sim.driver import Replica, SimRun, Simulation, simulate, synthetic_prompt
+from orchestrator.sim.router import RoundRobinRouter, make_router
 from tests.fakes import FakeExecutor
 
 STEP = 0.01  # FakeExecutor's step time (s)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from orchestrator.config import EngineConfig
-from orchestrator.metrics import SLO
+from orchestrator.common.metrics import SLO
+from orchestrator.common.workloads import RequestSpec, Workload
+from orchestrator.core.config import EngineConfig
 from orchestrator.sim.driver import simulate
 from orchestrator.sim.report import build_report, print_report
 from orchestrator.sim.router import LeastOutstandingTokensRouter, RoundRobinRouter
-from orchestrator.sim.workload import RequestSpec, Workload
 
 ENGINE = EngineConfig.model_validate(
     {

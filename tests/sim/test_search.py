@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import EngineConfig
+from orchestrator.common.workloads import FixedLength, PoissonArrivals, WorkloadConfig
+from orchestrator.core.config import EngineConfig
 from orchestrator.sim.config import SimConfig, SLOConfig
 from orchestrator.sim.plan import plan_capacity, plan_tp, with_tp
 from orchestrator.sim.runner import ceiling_rate, max_sustainable_rate, meets, run_simulation
 from orchestrator.sim.tune import Knobs, knob_grid, tune, with_knobs
-from orchestrator.sim.workload import FixedLength, PoissonArrivals, WorkloadConfig
 
 
 def config(rate: float = 4.0, model: str = "llama3-70b", n: int = 120) -> SimConfig:

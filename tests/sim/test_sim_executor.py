@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from orchestrator.config import ConfigError, EngineConfig, load_engine_config
-from orchestrator.executor import Executor, create_executor
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
-from orchestrator.specs import load_gpu_spec, load_model_spec
+from orchestrator.common.specs import load_gpu_spec, load_model_spec
+from orchestrator.core.config import ConfigError, EngineConfig, load_engine_config
+from orchestrator.core.executor import Executor, create_executor
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 from plugins.sim_executor import DoesNotFitError, SimExecutor, memory_plan
 
 LLAMA_70B = load_model_spec("llama3-70b")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.sim.workload import (
+from orchestrator.common.workloads import (
     ClosedLoop,
     FixedLength,
     GammaArrivals,

@@ -14,7 +14,7 @@ from build_engines.manifest import Manifest, write_manifest
 from build_engines.pipeline import serving_settings
 from build_engines.spec import BuildSpec
 from build_engines.verify import expected_engine_config, verify_artifact
-from orchestrator.config import (
+from orchestrator.core.config import (
     CacheConfig,
     EngineConfig,
     ExecutorSpec,

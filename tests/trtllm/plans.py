@@ -7,9 +7,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.executor import Executor
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput, StepResult
+from orchestrator.core.executor import Executor
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput, StepResult
+from orchestrator.core.request import SamplingParams
 from tests.trtllm.fake_tensorrt_llm._model import next_token_logits
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0)

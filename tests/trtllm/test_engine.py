@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.engine.clock import WallClock
-from orchestrator.engine.core import EngineCore
-from orchestrator.request import FinishReason, Request, SamplingParams
+from orchestrator.core.clock import WallClock
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.request import FinishReason, Request, SamplingParams
 from plugins.trtllm import TrtllmExecutor, TrtllmExecutorConfig
 from tests.trtllm.builds import engine_config, write_build
 from tests.trtllm.conftest import Calls, spy_bindings

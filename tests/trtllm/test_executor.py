@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 from plugins.trtllm import TrtllmError, TrtllmStalledError
 from plugins.trtllm.executor import resume_seed
 from tests.trtllm import fake_tensorrt_llm

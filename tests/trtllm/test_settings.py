@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import ConfigError
+from orchestrator.core.config import ConfigError
 from plugins.trtllm import TrtllmExecutorConfig
 from plugins.trtllm.settings import EngineSettings, check_engine_config, load_settings
 from tests.trtllm.builds import FakeBuild, engine_config, write_build

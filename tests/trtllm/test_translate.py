@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.request import SamplingParams
+from orchestrator.core.request import SamplingParams
 from plugins.trtllm import translate
 from plugins.trtllm.check_names import representative_settings
 from tests.trtllm import fake_tensorrt_llm as tle

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import ConfigError, EngineConfig, SchedulerConfig, load_engine_config
-from orchestrator.specs import CONFIGS_DIR, load_gpu_spec, load_model_spec
+from orchestrator.common.specs import CONFIGS_DIR, load_gpu_spec, load_model_spec
+from orchestrator.core.config import ConfigError, EngineConfig, SchedulerConfig, load_engine_config
 from tests.fakes import FakeExecutor
 
 
 @pytest.fixture
 def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register the fake executor as type ``fake`` for config validation."""
-    import orchestrator.executor as executor_module
+    import orchestrator.core.executor as executor_module
 
     real = executor_module.executor_class
 

@@ -6,13 +6,11 @@ import subprocess
 import sys
 
 CORE = [
-    "orchestrator.request",
-    "orchestrator.sched.scheduler",
-    "orchestrator.kv.manager",
-    "orchestrator.engine.core",
-    "orchestrator.sched",
-    "orchestrator.kv",
-    "orchestrator.engine",
+    "orchestrator.core.request",
+    "orchestrator.core.sched.scheduler",
+    "orchestrator.core.kv.manager",
+    "orchestrator.core.engine",
+    "orchestrator.core",
 ]
 HEAVY = ["torch", "fastapi", "starlette", "tensorrt_llm", "tensorrt", "transformers", "numpy"]
 

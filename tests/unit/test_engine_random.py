@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orchestrator.request import RequestStatus
+from orchestrator.core.request import RequestStatus
 from tests.factories import make_engine, make_request, run_step
 from tests.fakes import fake_token
 

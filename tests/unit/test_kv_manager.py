@@ -8,9 +8,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from orchestrator.kv.block_pool import BlockPool
-from orchestrator.kv.manager import KVCacheManager
-from orchestrator.request import Request
+from orchestrator.core.kv.block_pool import BlockPool
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.request import Request
 from tests.factories import make_request
 
 BS = 4

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchestrator.metrics import SLO, Distribution, RequestRecord, percentile, summarize
+from orchestrator.common.metrics import SLO, Distribution, RequestRecord, percentile, summarize
 
 
 def record(

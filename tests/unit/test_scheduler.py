@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.errors import AdmissionError, OverloadedError
-from orchestrator.request import RequestStatus
-from orchestrator.sched.output import StepResult
+from orchestrator.core.errors import AdmissionError, OverloadedError
+from orchestrator.core.output import StepResult
+from orchestrator.core.request import RequestStatus
 from tests.factories import make_engine, make_request, make_scheduler, run_step, run_to_completion
 from tests.fakes import fake_token
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.config import ConfigError, EngineConfig, load_engine_config
-from orchestrator.model_source import ResolvedSource
+from orchestrator.common.model_source import ResolvedSource
+from orchestrator.core.config import ConfigError, EngineConfig, load_engine_config
 from plugins.torch_executor import TorchExecutor, TorchExecutorConfig
 from plugins.torch_executor import weights as weights_module
 from plugins.torch_executor.paged import PagedKVCache

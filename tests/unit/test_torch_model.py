@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.request import SamplingParams
-from orchestrator.sched.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.weights import load_folder
 from tests.e2e.models import hf_model, write_tiny_llama

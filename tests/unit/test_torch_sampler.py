@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from orchestrator.request import SamplingParams
+from orchestrator.core.request import SamplingParams
 from plugins.torch_executor.sampler import Sampler, SampleRow, filtered_probs, mix_seed
 
 

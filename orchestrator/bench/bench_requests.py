@@ -3,9 +3,9 @@
 A workload is a list of ``BenchRequest`` (prompt text, its length in tokens, and
 ``max_tokens``). It is written beside the results so that another server can be
 measured with exactly the same requests (``--workload FILE``). Synthetic workloads take
-their lengths from the simulator's distributions (``orchestrator.sim.workload``) with
+their lengths from the simulator's distributions (``orchestrator.common.workloads``) with
 the same seed streams, so a benchmark and a simulation of one seed see the same lengths;
-the prompt text is a window of real text (``orchestrator.corpus``).
+the prompt text is a window of real text (``orchestrator.common.corpus``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from pydantic import ValidationError
 
 from orchestrator.bench.errors import BenchError
 from orchestrator.bench.tokenizer import TextTokenizer
-from orchestrator.config import format_errors
-from orchestrator.corpus import token_prompts
-from orchestrator.sim.workload import (
+from orchestrator.common.corpus import token_prompts
+from orchestrator.common.workloads import (
     FixedLength,
     LengthDist,
     LogNormalLength,
@@ -29,6 +28,7 @@ from orchestrator.sim.workload import (
     WorkloadConfig,
     build_workload,
 )
+from orchestrator.core.config import format_errors
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import bisect
 
-from orchestrator.config import SchedulerConfig
-from orchestrator.errors import AdmissionError, OverloadedError
-from orchestrator.kv.manager import KVCacheManager
-from orchestrator.request import FINISH_REASONS, Request, RequestStatus
-from orchestrator.sched.output import (
+from orchestrator.core.config import SchedulerConfig
+from orchestrator.core.errors import AdmissionError, OverloadedError
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.output import (
     RequestOutput,
     ScheduledRequest,
     SchedulerOutput,
     StepResult,
 )
-from orchestrator.sched.policy import WaitingQueue
+from orchestrator.core.request import FINISH_REASONS, Request, RequestStatus
+from orchestrator.core.sched.queue import WaitingQueue
 
 
 class Scheduler:

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
-from orchestrator.sched.output import SchedulerOutput, StepResult
+from orchestrator.core.output import SchedulerOutput, StepResult
 
 if TYPE_CHECKING:
-    from orchestrator.config import EngineConfig
+    from orchestrator.core.config import EngineConfig
 
 ENTRY_POINT_GROUP = "orchestrator.executors"
 

@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.config import StrictModel, load_yaml
+from orchestrator.core.config import StrictModel, load_yaml
 
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 DType = Literal["bf16", "fp16", "fp8", "int8", "fp32"]
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}

@@ -15,7 +15,7 @@ import heapq
 import itertools
 from typing import Literal
 
-from orchestrator.request import Request
+from orchestrator.core.request import Request
 
 SortKey = tuple[float, float, int]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.config import EngineConfig
-from orchestrator.engine.clock import Clock, WallClock
-from orchestrator.executor import Executor, create_executor
-from orchestrator.kv.manager import KVCacheManager
-from orchestrator.request import Request
-from orchestrator.sched.output import RequestOutput, SchedulerOutput, StepResult
-from orchestrator.sched.scheduler import Scheduler
+from orchestrator.core.clock import Clock, WallClock
+from orchestrator.core.config import EngineConfig
+from orchestrator.core.executor import Executor, create_executor
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.output import RequestOutput, SchedulerOutput, StepResult
+from orchestrator.core.request import Request
+from orchestrator.core.sched.scheduler import Scheduler
 
 __all__ = ["EngineCore", "EngineStats", "EngineStep", "RequestOutput"]
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.engine.clock import Clock
-from orchestrator.engine.core import EngineCore, EngineStats
-from orchestrator.errors import AdmissionError, EngineDeadError, EngineError
-from orchestrator.request import FinishReason, Request
-from orchestrator.sched.output import RequestOutput
+from orchestrator.core.clock import Clock
+from orchestrator.core.engine import EngineCore, EngineStats
+from orchestrator.core.errors import AdmissionError, EngineDeadError, EngineError
+from orchestrator.core.output import RequestOutput
+from orchestrator.core.request import FinishReason, Request
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ another request computed.
 
 from __future__ import annotations
 
-from orchestrator.kv.block_pool import BlockPool
-from orchestrator.request import Request
+from orchestrator.core.kv.block_pool import BlockPool
+from orchestrator.core.request import Request
 
 
 def block_hash(parent: int | None, tokens: tuple[int, ...]) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from orchestrator.request import FinishReason, SamplingParams
+from orchestrator.core.request import FinishReason, SamplingParams
 
 
 class ScheduledRequest(NamedTuple):

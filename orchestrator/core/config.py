@@ -2,7 +2,7 @@
 
 Every section forbids unknown keys, so a typo is an error that names the key and the
 file instead of a silently ignored setting. The executor section is ``{type: NAME,
-...options}``; ``NAME`` picks a registered executor (see ``orchestrator.executor``)
+...options}``; ``NAME`` picks a registered executor (see ``orchestrator.core.executor``)
 whose own pydantic ``Config`` validates the options.
 """
 
@@ -103,7 +103,7 @@ class ExecutorSpec(StrictModel):
 
     @model_validator(mode="after")
     def _validate_options(self) -> ExecutorSpec:
-        from orchestrator.executor import executor_class
+        from orchestrator.core.executor import executor_class
 
         config_cls = executor_class(self.type).Config
         if isinstance(self.options, config_cls):

@@ -1,1 +1,0 @@
-"""Engine: the step loop that joins the scheduler and an executor."""
