@@ -39,11 +39,18 @@ import torch
 from orchestrator.common.corpus import token_prompts
 from orchestrator.common.metrics import RequestRecord, Summary, summarize
 from orchestrator.common.model_source import load_tokenizer, resolve_source
-from orchestrator.core.clock import WallClock
-from orchestrator.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from orchestrator.core.engine import EngineCore
-from orchestrator.core.output import ScheduledRequest, SchedulerOutput
-from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core import (
+    CacheConfig,
+    EngineConfig,
+    EngineCore,
+    ModelConfig,
+    SamplingParams,
+    ScheduledRequest,
+    SchedulerConfig,
+    SchedulerOutput,
+    Submission,
+    WallClock,
+)
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR
 from plugins.torch_executor.model import RotaryTable, compute_logits, forward_hidden
@@ -100,7 +107,7 @@ def run_engine(
     t0 = engine.clock.now()
     for i, (prompt, n_out) in enumerate(zip(workload.prompts, workload.output_lens, strict=True)):
         params = SamplingParams(max_tokens=n_out, temperature=0)
-        engine.add_request(Request(f"r{i}", list(prompt), params, arrival_time=t0))
+        engine.add_request(Submission(f"r{i}", list(prompt), params, arrival_time=t0))
     times: dict[str, list[float]] = {f"r{i}": [] for i in range(len(workload.prompts))}
     occupancy = []
     while engine.has_work():

@@ -13,9 +13,8 @@ import argparse
 import statistics
 import time
 
-from orchestrator.core.config import SchedulerConfig
+from orchestrator.core import SchedulerConfig, StepResult
 from orchestrator.core.kv.manager import KVCacheManager
-from orchestrator.core.output import StepResult
 from orchestrator.core.request import Request, SamplingParams
 from orchestrator.core.sched.scheduler import Scheduler
 

@@ -27,7 +27,7 @@ from orchestrator.common.workloads import (
     PoissonArrivals,
     WorkloadConfig,
 )
-from orchestrator.core.config import EngineConfig
+from orchestrator.core import EngineConfig
 from orchestrator.sim.config import SimConfig, SLOConfig
 from orchestrator.sim.runner import SimResult, ceiling_rate, rate_sweep, run_simulation
 from plugins.sim_executor import CostModel, SimExecutor

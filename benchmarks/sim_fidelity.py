@@ -27,11 +27,16 @@ from orchestrator.common.workloads import (
     WorkloadConfig,
     build_workload,
 )
-from orchestrator.core.clock import VirtualClock, WallClock
-from orchestrator.core.config import EngineConfig
-from orchestrator.core.engine import EngineCore
-from orchestrator.core.executor import Executor, create_executor
-from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core import (
+    EngineConfig,
+    EngineCore,
+    Executor,
+    SamplingParams,
+    Submission,
+    VirtualClock,
+    WallClock,
+    create_executor,
+)
 from orchestrator.sim.calibrate import calibrate, torch_engine
 from orchestrator.sim.config import load_sim_config
 from orchestrator.sim.driver import Simulation, build_replicas, synthetic_prompt
@@ -68,7 +73,7 @@ def run_real(
         now = clock.now()
         params = SamplingParams(max_tokens=spec.output_len, temperature=0.0)
         prompt = synthetic_prompt(spec.index, spec.prompt_len)
-        core.add_request(Request(rid, prompt, params, arrival_time=now))
+        core.add_request(Submission(rid, prompt, params, arrival_time=now))
         live[rid] = (now - start, [])
 
     for _ in range(workload.concurrency):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.common.workloads import build_workload
-from orchestrator.core.engine import EngineCore
+from orchestrator.core import EngineCore
 from orchestrator.sim.config import load_sim_config
 from orchestrator.sim.driver import simulate
 from orchestrator.sim.report import build_report

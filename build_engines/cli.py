@@ -21,7 +21,7 @@ from build_engines.pipeline import VERIFY_STEP, BuildPipeline, NullReporter, ste
 from build_engines.plan import BuildPlan, plan_from_file
 from build_engines.report import RichStepReporter, render_plan
 from build_engines.runners import Runners, default_runners
-from orchestrator.core.config import ConfigError
+from orchestrator.core import ConfigError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_FAILED = 0, 1, 2, 3, 4
 

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError
 
 from build_engines.spec import Backend, KVCacheDType
 from build_engines.verify import Verification
-from orchestrator.core.config import ConfigError, StrictModel, format_errors
+from orchestrator.core import ConfigError, StrictModel, format_errors
 
 MANIFEST_VERSION = 1
 

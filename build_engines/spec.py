@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import Field
 
 from orchestrator.common.specs import GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
-from orchestrator.core.config import ConfigError, StrictModel, load_yaml
+from orchestrator.core import ConfigError, StrictModel, load_yaml
 
 Backend = Literal["engine", "pytorch"]
 WeightDType = Literal["fp8", "bf16", "fp16"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from build_engines.commands import Layout, artifact_dir
 from build_engines.spec import BuildSpec
-from orchestrator.core.config import StrictModel
+from orchestrator.core import StrictModel
 
 _QUANT_ALGO = {"fp8": "FP8", "int8": "INT8", "bf16": None, "fp16": None}
 

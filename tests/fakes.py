@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.core.executor import ExecutorInfo
 from orchestrator.core.output import SchedulerOutput, StepResult
 
 
@@ -42,8 +43,8 @@ class FakeExecutor:
     def from_config(cls, config: Any, engine: Any) -> FakeExecutor:
         return cls(config.num_blocks, engine.cache.block_size, config.step_time_s)
 
-    def kv_capacity(self) -> int:
-        return self.num_blocks
+    def info(self) -> ExecutorInfo:
+        return ExecutorInfo(self.num_blocks, self.block_size, max_model_len=None)
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         self.plans.append(plan)

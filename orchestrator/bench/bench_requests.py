@@ -28,7 +28,7 @@ from orchestrator.common.workloads import (
     WorkloadConfig,
     build_workload,
 )
-from orchestrator.core.config import format_errors
+from orchestrator.core import format_errors
 
 
 @dataclass(frozen=True, slots=True)

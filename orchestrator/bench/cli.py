@@ -304,7 +304,7 @@ def _shapes(args: argparse.Namespace) -> list[LoadShape]:
     from orchestrator.bench.errors import BenchError
     from orchestrator.bench.load import BurstArrivals
     from orchestrator.common.workloads import ClosedLoop, GammaArrivals, PoissonArrivals
-    from orchestrator.core.config import format_errors
+    from orchestrator.core import format_errors
 
     rates: list[float] = args.sweep_rates or [args.rate]
     if args.sweep_rates and args.load not in ("poisson", "gamma"):

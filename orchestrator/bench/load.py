@@ -18,7 +18,7 @@ from orchestrator.common.workloads import (
     WorkloadConfig,
     build_workload,
 )
-from orchestrator.core.config import StrictModel
+from orchestrator.core import StrictModel
 
 
 class BurstArrivals(StrictModel):

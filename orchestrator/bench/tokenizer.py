@@ -36,7 +36,7 @@ class ModelTokenizer:
     def _get(self) -> Any:
         if self._tokenizer is None:
             from orchestrator.common.model_source import load_tokenizer
-            from orchestrator.core.config import ModelConfig
+            from orchestrator.core import ModelConfig
 
             try:
                 self._tokenizer = load_tokenizer(ModelConfig(source=self.source))

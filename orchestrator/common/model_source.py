@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.config import ModelConfig
+from orchestrator.core import ModelConfig
 
 # name -> (package that ships the file, file name inside it)
 EMBEDDED_MODELS: dict[str, tuple[str, str]] = {

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrator.core.config import StrictModel, load_yaml
+from orchestrator.core import StrictModel, load_yaml
 
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 

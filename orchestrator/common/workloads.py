@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from orchestrator.core.config import StrictModel
+from orchestrator.core import StrictModel
 
 
 class FixedLength(StrictModel):

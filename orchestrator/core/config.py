@@ -14,6 +14,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.core.executor import executor_class
+
 DEFAULT_MODEL_SOURCE = "embedded:smollm2-135m-instruct"
 
 
@@ -103,8 +105,6 @@ class ExecutorSpec(StrictModel):
 
     @model_validator(mode="after")
     def _validate_options(self) -> ExecutorSpec:
-        from orchestrator.core.executor import executor_class
-
         config_cls = executor_class(self.type).Config
         if isinstance(self.options, config_cls):
             return self

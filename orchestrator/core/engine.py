@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from orchestrator.core.clock import Clock, WallClock
 from orchestrator.core.config import EngineConfig
-from orchestrator.core.executor import Executor, create_executor
+from orchestrator.core.executor import Executor, ExecutorInfo, create_executor
 from orchestrator.core.kv.manager import KVCacheManager
-from orchestrator.core.output import RequestOutput, SchedulerOutput, StepResult
-from orchestrator.core.request import Request
+from orchestrator.core.output import RequestOutput, SchedulerOutput, StepCost, StepResult
+from orchestrator.core.request import Request, Submission
 from orchestrator.core.sched.scheduler import Scheduler
 
 __all__ = ["EngineCore", "EngineStats", "EngineStep", "RequestOutput"]
@@ -25,6 +25,7 @@ class EngineStep:
     plan: SchedulerOutput
     start_time: float
     duration_s: float
+    cost: StepCost | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,30 +39,53 @@ class EngineStats:
     num_preemptions: int
 
 
-def _model_max_len(config: EngineConfig, executor: Executor) -> int:
-    """The context limit: the config's, else the executor's ``max_model_len`` if it has
-    one. The config may lower the model's limit, never raise it."""
-    own = getattr(executor, "max_model_len", None)
-    configured = config.model.max_model_len
+def _checked_info(config: EngineConfig, info: ExecutorInfo) -> tuple[int, int]:
+    """The KV pool size (blocks) and context limit (tokens) an engine runs with, from the
+    executor's ``info()`` and the config; raises ``ValueError`` naming what disagrees.
+
+    The pool holds the executor's blocks, or ``cache.num_blocks`` if that is smaller. The
+    config may lower the model's context limit, never raise it.
+    """
+    if info.num_kv_blocks < 1:
+        raise ValueError(f"the executor reports {info.num_kv_blocks} KV blocks; it needs one")
+    if info.block_size != config.cache.block_size:
+        raise ValueError(
+            f"the executor's KV blocks hold {info.block_size} tokens but cache.block_size "
+            f"is {config.cache.block_size}; set cache.block_size to {info.block_size}"
+        )
+    num_blocks = min(config.cache.num_blocks or info.num_kv_blocks, info.num_kv_blocks)
+    own, configured = info.max_model_len, config.model.max_model_len
     if configured is None:
         if own is None:
             raise ValueError("model.max_model_len is required for this executor")
-        return int(own)
+        return num_blocks, own
     if own is not None and configured > own:
         raise ValueError(
             f"model.max_model_len={configured} exceeds the model's own limit of {own} tokens"
         )
-    return configured
+    return num_blocks, configured
 
 
 class EngineCore:
     """Joins a scheduler and an executor. Not thread-safe: one thread calls every method
     (the async engine serialises submissions and aborts onto its loop thread)."""
 
-    def __init__(self, scheduler: Scheduler, executor: Executor, clock: Clock) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        clock: Clock,
+        info: ExecutorInfo | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
+        self.info = info if info is not None else executor.info()
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt plus output tokens one request may hold."""
+        return self.scheduler.max_model_len
 
     @classmethod
     def from_config(
@@ -70,24 +94,24 @@ class EngineCore:
         executor: Executor | None = None,
         clock: Clock | None = None,
     ) -> EngineCore:
-        """Build the engine a config describes. The KV pool holds the executor's capacity,
-        or ``cache.num_blocks`` if that is smaller."""
+        """Build the engine a config describes; the executor's ``info()`` is read once
+        here and checked against the config (``ValueError`` names the mismatch)."""
         executor = executor if executor is not None else create_executor(config)
-        capacity = executor.kv_capacity()
-        num_blocks = min(config.cache.num_blocks or capacity, capacity)
+        info = executor.info()
+        num_blocks, max_model_len = _checked_info(config, info)
         kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
-        scheduler = Scheduler(config.scheduler, kv, _model_max_len(config, executor))
-        return cls(scheduler, executor, clock if clock is not None else WallClock())
+        scheduler = Scheduler(config.scheduler, kv, max_model_len)
+        return cls(scheduler, executor, clock if clock is not None else WallClock(), info)
 
-    def add_request(self, request: Request) -> None:
-        """Queue a request; raises ``AdmissionError`` or ``OverloadedError`` with nothing
-        queued. The caller stamps ``arrival_time`` on this engine's clock (the gateway at
-        HTTP arrival, the simulator at the simulated arrival)."""
-        self.scheduler.add_request(request)
+    def add_request(self, submission: Submission) -> None:
+        """Queue a submission; raises ``AdmissionError`` or ``OverloadedError`` with nothing
+        queued. The caller stamps ``arrival_time`` on this engine's clock."""
+        self.scheduler.add_request(Request.from_submission(submission))
 
-    def abort(self, request_id: str) -> Request | None:
-        """Drop a request; its blocks are free before the next step."""
-        return self.scheduler.abort(request_id, self.clock.now())
+    def abort(self, request_id: str) -> bool:
+        """Drop a request; its blocks are free before the next step. Returns whether a
+        live request had that id."""
+        return self.scheduler.abort(request_id, self.clock.now()) is not None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -100,7 +124,7 @@ class EngineCore:
         else:
             result = StepResult(sampled={}, duration_s=0.0)
         outputs = self.scheduler.update(plan, result, start + result.duration_s)
-        return EngineStep(outputs, plan, start, result.duration_s)
+        return EngineStep(outputs, plan, start, result.duration_s, result.cost)
 
     def stats(self) -> EngineStats:
         s = self.scheduler

@@ -7,6 +7,7 @@ without an if-chain, and an out-of-tree package can add its own.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -20,13 +21,40 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "orchestrator.executors"
 
 
+@dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    """What an executor tells the engine about itself, read once when the engine is built.
+
+    ``num_kv_blocks`` blocks of ``block_size`` tokens are what it holds for the lifetime
+    of the executor; block ids in plans are in ``[0, num_kv_blocks)``. ``max_model_len``
+    is the longest sequence (prompt plus output, tokens) it can run, ``None`` when it has
+    no limit of its own (the config must then set one). ``eos_token_ids`` are the
+    model's end-of-sequence ids (empty when the executor has no tokenizer facts).
+    Capability flags: ``reports_step_cost``: every ``StepResult`` carries a ``cost``
+    breakdown; ``owns_batching``: the backend batches in flight itself and our scheduler
+    only admits, orders and preempts; ``top_logprobs``: it can return the top-N
+    alternatives, not only the chosen token's logprob; ``seeded_survives_preemption``:
+    a seeded request's random sequence continues unchanged after recompute preemption.
+    ``num_gpus`` is how many accelerators one replica of it occupies (1 for a CPU).
+    """
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int | None
+    eos_token_ids: tuple[int, ...] = ()
+    reports_step_cost: bool = False
+    owns_batching: bool = False
+    top_logprobs: bool = True
+    seeded_survives_preemption: bool = True
+    num_gpus: int = 1
+
+
 @runtime_checkable
 class Executor(Protocol):
     """Runs one scheduled step at a time.
 
     Invariants the contract suite (tests/contract) checks for every executor:
-    - ``kv_capacity()`` is the number of KV blocks of ``block_size`` tokens it holds,
-      constant for its lifetime; block ids in block tables are in ``[0, kv_capacity())``.
+    - ``info()`` is constant for the executor's lifetime.
     - ``execute(plan)`` returns exactly one sampled token for each scheduled request with
       ``sample=True`` and none for others, or names the request in ``failed`` when it
       cannot run it (only that request ends; raising from ``execute`` means the executor
@@ -36,7 +64,7 @@ class Executor(Protocol):
     - ``shutdown()`` releases resources; it is safe to call twice.
     """
 
-    def kv_capacity(self) -> int: ...
+    def info(self) -> ExecutorInfo: ...
 
     def execute(self, plan: SchedulerOutput) -> StepResult: ...
 

@@ -75,6 +75,52 @@ class TokenLogprobs(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class StepCost:
+    """Predicted time of one step by cause, in seconds.
+
+    ``weights_s`` streams the weights; ``kv_s`` reads cached K/V and writes new K/V;
+    ``dense_compute_s`` and ``attention_compute_s`` are the FLOPs of the two kernel
+    kinds at the achievable peak; ``comms_s`` the tensor-parallel all-reduces;
+    ``overhead_s`` the fixed per-step cost. Memory and compute overlap within a kernel
+    kind, so ``total_s`` takes the larger of each pair.
+    """
+
+    weights_s: float
+    kv_s: float
+    dense_compute_s: float
+    attention_compute_s: float
+    comms_s: float
+    overhead_s: float
+
+    @property
+    def compute_s(self) -> float:
+        return self.dense_compute_s + self.attention_compute_s
+
+    @property
+    def dense_s(self) -> float:
+        return max(self.weights_s, self.dense_compute_s)
+
+    @property
+    def attention_s(self) -> float:
+        return max(self.kv_s, self.attention_compute_s)
+
+    @property
+    def total_s(self) -> float:
+        return self.dense_s + self.attention_s + self.comms_s + self.overhead_s
+
+    def attributed(self) -> tuple[float, float, float, float, float]:
+        """``total_s`` split into (weights, kv, compute, comms, overhead): each kernel
+        kind's time goes to whichever of memory and compute bound it."""
+        compute = 0.0
+        weights, kv = self.weights_s, self.kv_s
+        if self.dense_compute_s > weights:
+            compute, weights = self.dense_compute_s, 0.0
+        if self.attention_compute_s > kv:
+            compute, kv = compute + self.attention_compute_s, 0.0
+        return (weights, kv, compute, self.comms_s, self.overhead_s)
+
+
+@dataclass(frozen=True, slots=True)
 class StepResult:
     """What an executor did with a ``SchedulerOutput``.
 
@@ -83,20 +129,26 @@ class StepResult:
     not run to a message saying why; the scheduler ends them with an error and every
     other request carries on. ``logprobs`` holds entries only for requests that asked
     for them. ``duration_s`` is the step's time in seconds: measured by a real executor,
-    predicted by the simulator.
+    predicted by the simulator. ``cost`` explains the duration by cause, from an
+    executor whose ``info().reports_step_cost`` is true (the simulator); else ``None``.
     """
 
     sampled: dict[str, int]
     duration_s: float
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    cost: StepCost | None = None
 
 
 class RequestOutput(NamedTuple):
     """What one step produced for one request: its new token (if it sampled) and, when it
     ended, why. ``new_logprobs`` is parallel to ``new_token_ids`` when logprobs were
     asked for, else empty. ``num_output_tokens`` is the total so far. ``error`` says why
-    the executor failed the request (then ``finish_reason`` is ``ERROR``)."""
+    the request ended with an error (then ``finish_reason`` is ``ERROR``).
+    ``first_scheduled_time`` (seconds, engine clock) is when the request first ran, so
+    queue time is that minus its arrival; ``num_cached_tokens`` counts its prompt tokens
+    served from the prefix cache at first admission. These are copies, so a reader on
+    another thread never sees the scheduler's live state."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -106,3 +158,5 @@ class RequestOutput(NamedTuple):
     num_prompt_tokens: int
     num_output_tokens: int
     error: str | None = None
+    first_scheduled_time: float | None = None
+    num_cached_tokens: int = 0

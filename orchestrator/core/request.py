@@ -81,9 +81,36 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What a caller hands the engine: one request, immutable once made.
+
+    ``arrival_time`` is seconds on the engine's clock, stamped by the submitter (the
+    gateway at HTTP arrival, the simulator at the simulated arrival); policies order by
+    it and TTFT counts from it. Lower ``priority`` is served first. ``slo_class`` names
+    a configured SLO class and ``tenant`` the party whose share of service is counted
+    (an API key or the client's ``user`` field); both are ``None`` when unused.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0
+    arrival_time: float = 0.0
+    slo_class: str | None = None
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        # Callers may pass any sequence; a tuple keeps the record immutable.
+        object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id!r} has an empty prompt")
+
+
 @dataclass(eq=False, slots=True)
 class Request:
-    """One generation request.
+    """The scheduler's private, mutable state of one request (made from a
+    ``Submission``; nothing outside the core holds one).
 
     Times are seconds on the engine's clock; ``arrival_time`` is set by the submitter
     (policies order by it, and TTFT counts from it). ``num_computed_tokens`` counts the tokens
@@ -103,6 +130,22 @@ class Request:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
+    # Prompt tokens found in the prefix cache when the request was first admitted.
+    num_cached_prompt_tokens: int = 0
+    slo_class: str | None = None
+    tenant: str | None = None
+
+    @classmethod
+    def from_submission(cls, submission: Submission) -> Request:
+        return cls(
+            submission.request_id,
+            list(submission.prompt_token_ids),
+            submission.sampling,
+            priority=submission.priority,
+            arrival_time=submission.arrival_time,
+            slo_class=submission.slo_class,
+            tenant=submission.tenant,
+        )
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -22,11 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.clock import Clock
-from orchestrator.core.engine import EngineCore, EngineStats
-from orchestrator.core.errors import AdmissionError, EngineDeadError, EngineError
-from orchestrator.core.output import RequestOutput
-from orchestrator.core.request import FinishReason, Request
+from orchestrator.core import (
+    AdmissionError,
+    Clock,
+    EngineCore,
+    EngineDeadError,
+    EngineError,
+    EngineStats,
+    FinishReason,
+    RequestOutput,
+    Submission,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +44,7 @@ class RequestFailedError(EngineError):
 
 @dataclass(frozen=True, slots=True)
 class _Add:
-    request: Request
+    request: Submission
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +134,7 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         """Prompt plus output tokens one request may hold."""
-        return self.core.scheduler.max_model_len
+        return self.core.max_model_len
 
     @property
     def is_running(self) -> bool:
@@ -151,7 +157,7 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
-    async def submit(self, request: Request) -> RequestStream:
+    async def submit(self, request: Submission) -> RequestStream:
         """Queue ``request``; return its output stream once the core has accepted it.
 
         Raises ``AdmissionError`` or ``OverloadedError`` (nothing is queued) or

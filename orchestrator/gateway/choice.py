@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.common.metrics import RequestRecord
-from orchestrator.core.output import RequestOutput
-from orchestrator.core.request import FinishReason, Request
+from orchestrator.core import FinishReason, RequestOutput, Submission
 from orchestrator.gateway.detokenize import IncrementalDetokenizer, StopStringMatcher
 from orchestrator.gateway.tokenizer import Tokenizer
 
@@ -54,10 +53,13 @@ class ChoiceState:
     """
 
     def __init__(
-        self, index: int, request: Request, tokenizer: Tokenizer, stop: Sequence[str]
+        self, index: int, request: Submission, tokenizer: Tokenizer, stop: Sequence[str]
     ) -> None:
         self.index = index
         self.request = request
+        # Engine facts about the request, copied from its outputs (engine-clock seconds).
+        self.first_scheduled_time: float | None = None
+        self.num_cached_tokens = 0
         self._detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_token_ids)
         self._stop = StopStringMatcher(stop)
         self.text_length = 0
@@ -76,6 +78,8 @@ class ChoiceState:
         if output.new_token_ids:
             self.token_times.append(now)
         self.num_output_tokens = output.num_output_tokens
+        self.first_scheduled_time = output.first_scheduled_time
+        self.num_cached_tokens = output.num_cached_tokens
         text = self._detokenizer.push(output.new_token_ids)
         if output.finished:
             text += self._detokenizer.flush()
@@ -100,7 +104,7 @@ class ChoiceState:
             request_id=self.request.request_id,
             arrival_time=arrival_time,
             token_times=tuple(self.token_times),
-            num_prompt_tokens=self.request.num_prompt_tokens,
+            num_prompt_tokens=len(self.request.prompt_token_ids),
             num_output_tokens=self.num_output_tokens,
             error=error,
         )

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core.config import ConfigError, load_engine_config
+    from orchestrator.core import ConfigError, load_engine_config
     from orchestrator.gateway.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestrator.core.errors import AdmissionError, EngineDeadError, OverloadedError
+from orchestrator.core import AdmissionError, EngineDeadError, OverloadedError
 from orchestrator.gateway.async_engine import RequestFailedError
 from orchestrator.gateway.protocol import ErrorDetail, ErrorResponse
 

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from orchestrator.core.request import FinishReason
+from orchestrator.core import FinishReason
 from orchestrator.gateway.choice import ChoiceDelta, TokenLogprob
 from orchestrator.gateway.protocol import (
     AssistantMessage,

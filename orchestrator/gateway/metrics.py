@@ -17,8 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from orchestrator.common.metrics import RequestRecord
-from orchestrator.core.engine import EngineStats
-from orchestrator.core.request import FinishReason
+from orchestrator.core import EngineStats, FinishReason
 
 PREFIX = "orchestrator"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80)

@@ -17,7 +17,7 @@ from types import FrameType
 
 import uvicorn
 
-from orchestrator.core.config import EngineConfig
+from orchestrator.core import EngineConfig
 from orchestrator.gateway.app import create_app
 from orchestrator.gateway.lifecycle import GatewayLifecycle, LoadedModel, Loader
 from orchestrator.gateway.tokenizer import HFTokenizer
@@ -31,7 +31,7 @@ CONNECTION_CLOSE_TIMEOUT_S = 5
 def load_model(config: EngineConfig) -> LoadedModel:
     """The engine core with the configured executor, and the model's tokenizer."""
     from orchestrator.common.model_source import load_tokenizer
-    from orchestrator.core.engine import EngineCore
+    from orchestrator.core import EngineCore
 
     tokenizer = HFTokenizer(load_tokenizer(config.model))
     return LoadedModel(EngineCore.from_config(config), tokenizer)

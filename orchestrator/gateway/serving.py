@@ -23,8 +23,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from orchestrator.core.errors import EngineError, OverloadedError
-from orchestrator.core.request import FinishReason, Request, SamplingParams
+from orchestrator.core import EngineError, FinishReason, OverloadedError, SamplingParams, Submission
 from orchestrator.gateway.async_engine import AsyncEngine, RequestStream
 from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
 from orchestrator.gateway.errors import APIError, to_api_error
@@ -274,9 +273,9 @@ class OpenAIServing:
         sampling: SamplingParams,
         stop: list[str],
     ) -> None:
-        request = Request(
+        request = Submission(
             request_id=request_id,
-            prompt_token_ids=prompt,
+            prompt_token_ids=tuple(prompt),
             sampling=sampling,
             priority=job.priority,
             arrival_time=job.call.arrival_time,
@@ -378,10 +377,9 @@ class OpenAIServing:
                 FinishReason.ABORT if job.client_left else FinishReason.ERROR
             )
             reasons.append(reason.value)
-            request = choice.request
             queued = (
-                request.first_scheduled_time - arrival
-                if request.first_scheduled_time is not None
+                choice.first_scheduled_time - arrival
+                if choice.first_scheduled_time is not None
                 else None
             )
             self._metrics.observe_request(choice.record(arrival), reason, queued)

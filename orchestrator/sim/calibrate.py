@@ -24,11 +24,18 @@ from typing import Any
 import yaml
 
 from orchestrator.common.specs import DType, GPUSpec, ModelSpec, load_model_spec
-from orchestrator.core.config import EngineConfig, ExecutorSpec, load_engine_config
-from orchestrator.core.executor import Executor, create_executor
-from orchestrator.core.output import ScheduledRequest, SchedulerOutput
-from orchestrator.core.request import SamplingParams
-from plugins.sim_executor import CostModel, SimExecutorConfig, StepCost
+from orchestrator.core import (
+    EngineConfig,
+    Executor,
+    ExecutorSpec,
+    SamplingParams,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepCost,
+    create_executor,
+    load_engine_config,
+)
+from plugins.sim_executor import CostModel, SimExecutorConfig
 
 # (new tokens, cached positions) per request of each measured step.
 SHAPES: dict[str, list[tuple[int, int]]] = {
@@ -269,7 +276,7 @@ def calibrate(
         (bw_peak, bw_eff),
         (fl_peak, fl_eff),
         result,
-        executor.kv_capacity(),
+        executor.info().num_kv_blocks,
     )
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.config import ConfigError
+from orchestrator.core import ConfigError
 
 
 def _positive_int(text: str) -> int:

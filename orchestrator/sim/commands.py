@@ -12,7 +12,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from orchestrator.common.workloads import FixedLength, PoissonArrivals, WorkloadConfig
-from orchestrator.core.config import EngineConfig, ExecutorSpec, ModelConfig
+from orchestrator.core import EngineConfig, ExecutorSpec, ModelConfig
 from orchestrator.sim.config import ClusterConfig, SimConfig, SLOConfig, load_sim_config
 from orchestrator.sim.plan import Probe, TPPlan, plan_capacity
 from orchestrator.sim.plots import write_plots

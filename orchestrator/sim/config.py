@@ -14,7 +14,7 @@ from pydantic import Field
 
 from orchestrator.common.metrics import SLO
 from orchestrator.common.workloads import WorkloadConfig
-from orchestrator.core.config import EngineConfig, StrictModel, load_yaml
+from orchestrator.core import EngineConfig, StrictModel, load_yaml
 
 RouterName = Literal["round_robin", "least_outstanding_tokens"]
 

@@ -21,11 +21,16 @@ from typing import Any
 
 from orchestrator.common.metrics import RequestRecord
 from orchestrator.common.workloads import RequestSpec, Workload
-from orchestrator.core.clock import VirtualClock
-from orchestrator.core.config import EngineConfig
-from orchestrator.core.engine import EngineCore, EngineStep
-from orchestrator.core.errors import AdmissionError, OverloadedError
-from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core import (
+    AdmissionError,
+    EngineConfig,
+    EngineCore,
+    EngineStep,
+    OverloadedError,
+    SamplingParams,
+    Submission,
+    VirtualClock,
+)
 from orchestrator.sim.router import Router
 
 # Synthetic prompt ids stay below the smallest vocabulary of the models in configs/.
@@ -147,9 +152,9 @@ class Simulation:
         now = self.clock.now()
         index = self.router.choose(self.replicas)
         replica = self.replicas[index]
-        request = Request(
+        request = Submission(
             request_id=f"req-{spec.index}",
-            prompt_token_ids=synthetic_prompt(spec.index, spec.prompt_len),
+            prompt_token_ids=tuple(synthetic_prompt(spec.index, spec.prompt_len)),
             sampling=SamplingParams(max_tokens=spec.output_len, temperature=0.0),
             arrival_time=now,
         )
@@ -186,7 +191,7 @@ class Simulation:
             return
         replica.busy = True
         end = step.start_time + step.duration_s
-        cost = getattr(core.executor, "last_cost", None)
+        cost = step.cost
         if cost is not None:
             causes = replica.time_by_cause
             for i, seconds in enumerate(cost.attributed()):
@@ -195,7 +200,8 @@ class Simulation:
         trace.end_times.append(end)
         trace.durations.append(step.duration_s)
         trace.num_seqs.append(len(step.plan.scheduled))
-        trace.kv_usage.append(core.scheduler.kv.usage())
+        stats = core.stats()
+        trace.kv_usage.append(stats.kv_blocks_used / stats.kv_blocks_total)
         self._push(end, _COMPLETION, self._complete, (replica, step))
 
     def _complete(self, payload: tuple[Replica, EngineStep]) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from orchestrator.core.config import ExecutorSpec, format_errors
+from orchestrator.core import ExecutorSpec, format_errors
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.runner import SimResult, ceiling_rate, meets, run_simulation
 from plugins.sim_executor import DoesNotFitError, MemoryPlan, SimExecutorConfig, memory_plan

@@ -11,8 +11,7 @@ from rich.table import Table
 
 from orchestrator.common.metrics import PERCENTILES, SLO, Summary, summarize
 from orchestrator.common.workloads import Workload
-from orchestrator.core.config import EngineConfig
-from orchestrator.core.executor import Executor
+from orchestrator.core import EngineConfig, Executor
 from orchestrator.sim.driver import SimRun
 from plugins.sim_executor import SimExecutor
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.common.workloads import Workload, build_workload
-from orchestrator.core.executor import create_executor
+from orchestrator.core import create_executor
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.driver import SimRun, simulate
 from orchestrator.sim.report import SimReport, build_report, throughput_ceiling

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.config import EngineConfig, SchedulerConfig
+from orchestrator.core import EngineConfig, SchedulerConfig
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.runner import (
     SimResult,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.common.specs import DType, GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
-from orchestrator.core.config import StrictModel
+from orchestrator.core import StrictModel
 
 
 class SimExecutorConfig(StrictModel):

@@ -18,59 +18,11 @@ rates per second, and every figure is per GPU (each holds ``1/tp`` of the work).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from orchestrator.common.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
-from orchestrator.core.output import SchedulerOutput
+from orchestrator.core import SchedulerOutput, StepCost
 
 # Activations cross the interconnect in 16-bit whatever the weight format.
 ACTIVATION_BYTES = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """Predicted time of one step by cause, in seconds.
-
-    ``weights_s`` streams the weights; ``kv_s`` reads cached K/V and writes new K/V;
-    ``dense_compute_s`` and ``attention_compute_s`` are the FLOPs of the two kernel
-    kinds at the achievable peak; ``comms_s`` the tensor-parallel all-reduces;
-    ``overhead_s`` the fixed per-step cost. Memory and compute overlap within a kernel
-    kind, so ``total_s`` takes the larger of each pair.
-    """
-
-    weights_s: float
-    kv_s: float
-    dense_compute_s: float
-    attention_compute_s: float
-    comms_s: float
-    overhead_s: float
-
-    @property
-    def compute_s(self) -> float:
-        return self.dense_compute_s + self.attention_compute_s
-
-    @property
-    def dense_s(self) -> float:
-        return max(self.weights_s, self.dense_compute_s)
-
-    @property
-    def attention_s(self) -> float:
-        return max(self.kv_s, self.attention_compute_s)
-
-    @property
-    def total_s(self) -> float:
-        return self.dense_s + self.attention_s + self.comms_s + self.overhead_s
-
-    def attributed(self) -> tuple[float, float, float, float, float]:
-        """``total_s`` split into (weights, kv, compute, comms, overhead): each kernel
-        kind's time goes to whichever of memory and compute bound it."""
-        compute = 0.0
-        weights, kv = self.weights_s, self.kv_s
-        if self.dense_compute_s > weights:
-            compute, weights = self.dense_compute_s, 0.0
-        if self.attention_compute_s > kv:
-            compute, kv = compute + self.attention_compute_s, 0.0
-        return (weights, kv, compute, self.comms_s, self.overhead_s)
 
 
 def _compute_dtype(gpu: GPUSpec, storage: DType) -> DType:

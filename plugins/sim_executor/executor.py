@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, ClassVar
 
-from orchestrator.core.output import SchedulerOutput, StepResult
+from orchestrator.core import ExecutorInfo, SchedulerOutput, StepResult
 from plugins.sim_executor.config import SimExecutorConfig
-from plugins.sim_executor.cost_model import CostModel, StepCost
+from plugins.sim_executor.cost_model import CostModel
 from plugins.sim_executor.memory import MemoryPlan, memory_plan
 
 if TYPE_CHECKING:
-    from orchestrator.core.config import EngineConfig
+    from orchestrator.core import EngineConfig
 
 
 class SimExecutor:
@@ -20,8 +20,8 @@ class SimExecutor:
 
     The token for a request whose last known token sits at position ``p`` is a pure
     function of ``p`` (skipping the request's stop ids), so outputs never depend on the
-    batch and a request runs to ``max_tokens`` unless told otherwise. ``last_cost`` is
-    the breakdown of the latest step, so a driver can say where time went.
+    batch and a request runs to ``max_tokens`` unless told otherwise. Every result
+    carries its cost breakdown, so a driver can say where time went.
     """
 
     Config: ClassVar[type[SimExecutorConfig]] = SimExecutorConfig
@@ -38,7 +38,6 @@ class SimExecutor:
             )
         self._vocab = cost_model.model.vocab_size
         self.max_model_len = cost_model.model.max_position_embeddings
-        self.last_cost: StepCost | None = None
 
     @classmethod
     def from_config(cls, config: SimExecutorConfig, engine: EngineConfig) -> SimExecutor:
@@ -63,13 +62,19 @@ class SimExecutor:
         )
         return cls(cost, memory, engine.cache.block_size)
 
-    def kv_capacity(self) -> int:
-        """KV blocks of ``block_size`` tokens that fit beside the weights."""
-        return self._num_blocks
+    def info(self) -> ExecutorInfo:
+        """KV blocks of ``block_size`` tokens that fit beside the weights; the model's
+        context limit; a cost breakdown on every step."""
+        return ExecutorInfo(
+            num_kv_blocks=self._num_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            reports_step_cost=True,
+            num_gpus=self.cost_model.tp,
+        )
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         cost = self.cost_model.step_cost(plan)
-        self.last_cost = cost
         vocab = self._vocab
         sampled: dict[str, int] = {}
         for s in plan.scheduled:
@@ -79,7 +84,7 @@ class SimExecutor:
                 while token in stops:
                     token = (token + 1) % vocab
                 sampled[s.request_id] = token
-        return StepResult(sampled=sampled, duration_s=cost.total_s)
+        return StepResult(sampled=sampled, duration_s=cost.total_s, cost=cost)
 
     def throughput_ceiling(
         self, max_batch_size: int, mean_prompt_len: float, mean_output_len: float

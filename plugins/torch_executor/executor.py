@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestrator.core.output import SchedulerOutput, StepResult
+from orchestrator.core import ExecutorInfo, SchedulerOutput, StepResult
 from plugins.torch_executor.config import TorchExecutorConfig
 
 if TYPE_CHECKING:
-    from orchestrator.core.config import EngineConfig
+    from orchestrator.core import EngineConfig
     from plugins.torch_executor.runner import ModelRunner
     from plugins.torch_executor.weights import LlamaWeights
 
@@ -21,12 +21,10 @@ if TYPE_CHECKING:
 class TorchExecutor:
     """Runs each step's mixed batch (prefill chunks and decodes) in one forward pass.
 
-    - ``kv_capacity()``: blocks of ``block_size`` tokens in the KV pool, fixed at start.
-    - ``max_model_len``: the longest sequence (prompt plus output, tokens) it runs:
-      ``model.max_model_len`` from the engine config, else the model's
-      ``max_position_embeddings``. Admission control should read it from here.
-    - ``eos_token_ids``: the model's end-of-sequence ids (config and generation config),
-      for callers that fill ``SamplingParams.stop_token_ids``.
+    - ``info()``: the KV pool in blocks of ``block_size`` tokens, fixed at start; the
+      longest sequence (prompt plus output, tokens) it runs: ``model.max_model_len`` from
+      the engine config, else the model's ``max_position_embeddings``; the model's
+      end-of-sequence ids (config and generation config).
     - Sampling is keyed by ``(seed, position)``, so the executor keeps no per-request
       state and ``finished_ids``/``preempted_ids`` need no handling.
     - ``StepResult.duration_s`` is the measured wall time of ``execute`` in seconds.
@@ -110,8 +108,13 @@ class TorchExecutor:
             raise RuntimeError("the torch executor is shut down")
         return self._runner
 
-    def kv_capacity(self) -> int:
-        return self._num_blocks
+    def info(self) -> ExecutorInfo:
+        return ExecutorInfo(
+            num_kv_blocks=self._num_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=tuple(self.eos_token_ids),
+        )
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         start = time.perf_counter()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.core.output import ScheduledRequest, SchedulerOutput, TokenLogprobs
+from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
 from plugins.torch_executor.model import RotaryTable, compute_logits, forward_hidden
 from plugins.torch_executor.paged import (
     PagedAttention,

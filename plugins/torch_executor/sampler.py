@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.core.output import TokenLogprobs
-from orchestrator.core.request import SamplingParams
+from orchestrator.core import SamplingParams, TokenLogprobs
 
 _MASK64 = (1 << 64) - 1
 

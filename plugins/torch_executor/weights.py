@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from orchestrator.common.model_source import ModelSourceError, ResolvedSource, resolve_source
-from orchestrator.core.config import ModelConfig
+from orchestrator.core import ModelConfig
 from plugins.torch_executor.linear import Linear
 
 # Bump when the cached layout changes so stale caches are rebuilt, not misread.

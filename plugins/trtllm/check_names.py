@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from build_engines.check_trtllm_names import NameCheck, run_checks
-from orchestrator.core.output import ScheduledRequest, SchedulerOutput
-from orchestrator.core.request import SamplingParams
+from orchestrator.core import SamplingParams, ScheduledRequest, SchedulerOutput
 from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.names import BINDINGS, MODULE
@@ -207,7 +206,10 @@ def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
             return f"generation failed: {type(err).__name__}: {err}"
         finally:
             executor.shutdown()
-        print(f"         KV blocks: {executor.kv_capacity()}, greedy tokens: {tokens}", file=out)
+        print(
+            f"         KV blocks: {executor.info().num_kv_blocks}, greedy tokens: {tokens}",
+            file=out,
+        )
         return None
 
     return NameCheck(f"live run on {build_dir}", run)

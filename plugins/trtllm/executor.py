@@ -30,14 +30,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.core.config import ConfigError, EngineConfig
-from orchestrator.core.output import (
+from orchestrator.core import (
+    ConfigError,
+    EngineConfig,
+    ExecutorInfo,
+    SamplingParams,
     ScheduledRequest,
     SchedulerOutput,
     StepResult,
     TokenLogprobs,
 )
-from orchestrator.core.request import SamplingParams
 from plugins.trtllm import translate
 from plugins.trtllm.blocks import BlockTokens
 from plugins.trtllm.config import TrtllmExecutorConfig
@@ -90,9 +92,9 @@ def resume_seed(seed: int, generated: int) -> int:
 class TrtllmExecutor:
     """The ``Executor`` protocol over TensorRT-LLM's C++ executor (engine mode).
 
-    ``kv_capacity()`` is the executor's KV cache in blocks of the engine's
+    ``info()`` reports the executor's KV cache in blocks of the engine's
     ``tokens_per_block``, read from its KV cache statistics after a one-token warm-up
-    request at start. ``max_model_len`` is the engine's ``max_seq_len`` (tokens).
+    request at start, and the engine's ``max_seq_len`` (tokens) as the context limit.
     Not thread-safe: one thread calls ``execute``.
     """
 
@@ -169,8 +171,14 @@ class TrtllmExecutor:
 
     # ------------------------------------------------------------------ protocol
 
-    def kv_capacity(self) -> int:
-        return self._num_blocks
+    def info(self) -> ExecutorInfo:
+        return ExecutorInfo(
+            num_kv_blocks=self._num_blocks,
+            block_size=self.settings.tokens_per_block,
+            max_model_len=self.max_model_len,
+            owns_batching=True,
+            num_gpus=self.settings.world_size,
+        )
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         start = time.perf_counter()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from build_engines.manifest import Manifest, load_manifest
-from orchestrator.core.config import ConfigError, EngineConfig
+from orchestrator.core import ConfigError, EngineConfig
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.names import CAPACITY_SCHEDULER_POLICIES
 

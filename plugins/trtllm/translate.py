@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.request import SamplingParams
+from orchestrator.core import SamplingParams
 from plugins.trtllm.settings import EngineSettings
 
 # Disables the executor's end-of-sequence check: the executor leaves the end id out of its

@@ -25,12 +25,12 @@ def blocks_for(case: ExecutorCase, tokens: int) -> int:
 
 
 def test_kv_capacity_is_positive_and_constant(case: ExecutorCase, executor: Executor) -> None:
-    capacity = executor.kv_capacity()
+    capacity = executor.info().num_kv_blocks
     assert isinstance(capacity, int) and capacity > 0
     tokens = prompt(case, 5, 0)
     table = list(range(blocks_for(case, len(tokens))))
     executor.execute(SchedulerOutput([ScheduledRequest("a", tokens, 0, table, True, GREEDY)]))
-    assert executor.kv_capacity() == capacity
+    assert executor.info().num_kv_blocks == capacity
 
 
 def test_samples_exactly_the_requests_that_sample(case: ExecutorCase, executor: Executor) -> None:
@@ -67,7 +67,7 @@ def test_execute_does_not_mutate_the_plan(case: ExecutorCase, executor: Executor
 
 
 def test_every_block_id_below_capacity_is_usable(case: ExecutorCase, executor: Executor) -> None:
-    last = executor.kv_capacity() - 1
+    last = executor.info().num_kv_blocks - 1
     tokens = prompt(case, case.block_size + 1, 3)
     plan = SchedulerOutput([ScheduledRequest("a", tokens, 0, [last, 0], True, GREEDY)])
     assert set(executor.execute(plan).sampled) == {"a"}
@@ -116,7 +116,7 @@ def test_tokens_do_not_depend_on_the_rest_of_the_batch(case: ExecutorCase) -> No
         crowded_executor,
         {**others, **mine},
         chunk=7,
-        block_order=reversed(range(crowded_executor.kv_capacity())),
+        block_order=reversed(range(crowded_executor.info().num_kv_blocks)),
         **common,
     )
     for rid in mine:

@@ -13,7 +13,7 @@ from orchestrator.common.corpus import token_prompts
 from orchestrator.core.config import CacheConfig, EngineConfig, SchedulerConfig
 from orchestrator.core.engine import EngineCore
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput
-from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core.request import SamplingParams, Submission
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.weights import LlamaWeights
 
@@ -30,7 +30,7 @@ TIE_GAP = 1e-4  # top-2 logit gap under which float rounding may pick either tok
 
 
 def run_engine(
-    engine: EngineCore, requests: list[Request], max_steps: int = 5000
+    engine: EngineCore, requests: list[Submission], max_steps: int = 5000
 ) -> dict[str, list[int]]:
     """Submit ``requests`` together and step until all finish; output tokens by id."""
     for r in requests:
@@ -148,7 +148,7 @@ def test_greedy_generation_matches_transformers(
     # so the scheduler must preempt and recompute.
     engine = make_engine(weights_f32, chunk, num_blocks=40)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
-    requests = [Request(f"r{i}", list(p), params) for i, p in enumerate(prompts)]
+    requests = [Submission(f"r{i}", list(p), params) for i, p in enumerate(prompts)]
     ours = run_engine(engine, requests)
     assert engine.stats().num_preemptions > 0, "the KV pool was meant to force preemption"
     for i, (expected, logits) in enumerate(greedy_references):
@@ -177,12 +177,12 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch_of_16(
 
     batch = run_engine(
         make_engine(weights_f32, 64, num_blocks=200),
-        [Request(f"r{i}", list(p), params(i)) for i, p in enumerate(prompts)],
+        [Submission(f"r{i}", list(p), params(i)) for i, p in enumerate(prompts)],
     )
     assert len({tuple(v) for v in batch.values()}) == 16
     for i in (0, 7, 15):
         alone = run_engine(
             make_engine(weights_f32, 64, num_blocks=200),
-            [Request(f"r{i}", list(prompts[i]), params(i))],
+            [Submission(f"r{i}", list(prompts[i]), params(i))],
         )
         assert alone[f"r{i}"] == batch[f"r{i}"], f"r{i} sampled differently alone and in a batch"

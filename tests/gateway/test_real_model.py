@@ -19,7 +19,7 @@ from orchestrator.common.corpus import token_prompts
 from orchestrator.common.model_source import load_tokenizer
 from orchestrator.core.config import EngineConfig, load_engine_config
 from orchestrator.core.engine import EngineCore
-from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core.request import SamplingParams, Submission
 from orchestrator.gateway.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
 from orchestrator.gateway.tokenizer import HFTokenizer
 from tests.gateway.support import metric, running_server, sse_events
@@ -168,7 +168,7 @@ def test_greedy_chat_over_http_equals_the_engine_direct_output(
         sampling = SamplingParams(
             max_tokens=32, temperature=0, stop_token_ids=tokenizer.eos_token_ids
         )
-        core.add_request(Request("direct", prompt, sampling))
+        core.add_request(Submission("direct", prompt, sampling))
         tokens: list[int] = []
         for _ in range(100):
             if not core.has_work():
@@ -221,7 +221,7 @@ async def stream_completion(
 
 
 def test_64_concurrent_streams_complete_and_free_everything(base: str, model: str) -> None:
-    prompts = [f"Request {i}: tell me about the number {i}." for i in range(64)]
+    prompts = [f"Submission {i}: tell me about the number {i}." for i in range(64)]
 
     async def run() -> list[tuple[float | None, int, str]]:
         limits = httpx.Limits(max_connections=64)

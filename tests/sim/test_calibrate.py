@@ -75,6 +75,6 @@ def test_calibrate_writes_a_profile_the_simulator_loads(tmp_path: Path) -> None:
     assert isinstance(executor, SimExecutor)
     assert sim.engine.cache.num_blocks is not None
     torch_blocks = create_executor(EngineConfig.model_validate({"executor": {"type": "torch"}}))
-    assert sim.engine.cache.num_blocks == torch_blocks.kv_capacity()
+    assert sim.engine.cache.num_blocks == torch_blocks.info().num_kv_blocks
     step = executor.execute(shape_plan([(1, 256)] * 8, 16)).duration_s
     assert 1e-4 < step < 10.0

@@ -63,7 +63,7 @@ def test_kv_capacity_is_the_memory_left_after_weights_in_blocks() -> None:
     weights_per_gpu = LLAMA_70B.num_params / 2  # fp8: one byte per parameter
     kv_per_gpu = (H100.memory_bytes - weights_per_gpu) * 0.9
     per_token = 80 * 2 * 8 * 128 / 2
-    assert executor.kv_capacity() == int(kv_per_gpu // per_token) // 16
+    assert executor.info().num_kv_blocks == int(kv_per_gpu // per_token) // 16
 
 
 def test_weights_that_do_not_fit_fail_at_construction_with_the_sizes() -> None:
@@ -117,9 +117,10 @@ def test_duration_is_the_cost_models_prediction_and_explained() -> None:
     assert isinstance(executor, SimExecutor)
     plan = _plan(("a", 512, 0, True), ("b", 1, 300, True))
     result = executor.execute(plan)
-    assert executor.last_cost is not None
+    assert executor.info().reports_step_cost
+    assert result.cost is not None
     assert result.duration_s == executor.cost_model.step_cost(plan).total_s
-    assert result.duration_s == pytest.approx(sum(executor.last_cost.attributed()))
+    assert result.duration_s == pytest.approx(sum(result.cost.attributed()))
 
 
 def test_tokens_depend_only_on_the_request_position_never_the_batch() -> None:

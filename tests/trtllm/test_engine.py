@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.core.clock import WallClock
 from orchestrator.core.engine import EngineCore
-from orchestrator.core.request import FinishReason, Request, SamplingParams
+from orchestrator.core.request import FinishReason, SamplingParams, Submission
 from plugins.trtllm import TrtllmExecutor, TrtllmExecutorConfig
 from tests.trtllm.builds import engine_config, write_build
 from tests.trtllm.conftest import Calls, spy_bindings
@@ -53,8 +53,10 @@ def run(engine: EngineCore) -> dict[str, tuple[list[int], FinishReason | None]]:
     raise AssertionError(f"not idle after {MAX_STEPS} steps")
 
 
-def greedy(request_id: str, prompt: list[int], max_tokens: int, **kw: Any) -> Request:
-    return Request(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0, **kw))
+def greedy(request_id: str, prompt: list[int], max_tokens: int, **kw: Any) -> Submission:
+    return Submission(
+        request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0, **kw)
+    )
 
 
 def test_requests_preempted_for_kv_finish_with_the_models_tokens(

@@ -21,11 +21,11 @@ from tests.trtllm.plans import GREEDY, Seq, greedy_logprob, greedy_tokens, promp
 def test_kv_capacity_is_what_the_executor_reports(start_executor: StartExecutor) -> None:
     build = FakeBuild(kv_memory_tokens=4096, tokens_per_block=16)
     # The build's default fraction is 0.9 of the memory left for the KV cache.
-    assert start_executor(build).kv_capacity() == int(4096 * 0.9) // 16
+    assert start_executor(build).info().num_kv_blocks == int(4096 * 0.9) // 16
     half = start_executor(build, kv_cache_free_gpu_memory_fraction=0.5)
-    assert half.kv_capacity() == 4096 // 2 // 16
+    assert half.info().num_kv_blocks == 4096 // 2 // 16
     capped = start_executor(build, kv_cache_max_tokens=1000)
-    assert capped.kv_capacity() == 1000 // 16
+    assert capped.info().num_kv_blocks == 1000 // 16
     assert capped.max_model_len == build.max_seq_len
 
 

@@ -17,14 +17,14 @@ from tests.fakes import FakeExecutor
 @pytest.fixture
 def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register the fake executor as type ``fake`` for config validation."""
-    import orchestrator.core.executor as executor_module
+    import orchestrator.core.config as config_module
 
-    real = executor_module.executor_class
+    real = config_module.executor_class
 
     def lookup(name: str) -> Any:
         return FakeExecutor if name == "fake" else real(name)
 
-    monkeypatch.setattr(executor_module, "executor_class", lookup)
+    monkeypatch.setattr(config_module, "executor_class", lookup)
 
 
 def write(tmp_path: Path, text: str) -> Path:

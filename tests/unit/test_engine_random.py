@@ -57,7 +57,7 @@ def test_every_request_gets_exactly_its_own_tokens(seed: int, config: dict) -> N
     for _ in range(50_000):
         while pending and pending[-1].arrival_time <= clock.now():
             request = pending.pop()
-            engine.add_request(request)
+            engine.scheduler.add_request(request)
             submitted.append(request)
         if rng.random() < 0.01 and submitted:
             victim = rng.choice(submitted)

@@ -18,10 +18,10 @@ def tokens_by_id(step) -> dict[str, int]:  # type: ignore[no-untyped-def]
 def test_long_prompt_is_prefilled_in_chunks_while_others_decode() -> None:
     engine, clock = make_engine(num_blocks=256, max_num_tokens=2048, chunk_size=512)
     short = make_request(prompt_len=8, max_tokens=50)
-    engine.add_request(short)
+    engine.scheduler.add_request(short)
     run_step(engine, clock)  # short's prompt; it is decoding from now on
     long = make_request(prompt_len=2048, max_tokens=2)
-    engine.add_request(long)
+    engine.scheduler.add_request(long)
     steps = [run_step(engine, clock) for _ in range(4)]
     for i, step in enumerate(steps):
         assert tokens_by_id(step) == {short.request_id: 1, long.request_id: 512}, i
@@ -36,10 +36,10 @@ def test_decodes_come_first_and_prefill_gets_the_rest_of_the_budget() -> None:
     engine, clock = make_engine(num_blocks=128, max_num_tokens=20, max_batch_size=8, chunk_size=512)
     decoders = [make_request(prompt_len=4, max_tokens=30) for _ in range(5)]
     for r in decoders:
-        engine.add_request(r)
+        engine.scheduler.add_request(r)
     run_step(engine, clock)
     long = make_request(prompt_len=100, max_tokens=1)
-    engine.add_request(long)
+    engine.scheduler.add_request(long)
     step = run_step(engine, clock)
     counts = tokens_by_id(step)
     assert all(counts[r.request_id] == 1 for r in decoders)
@@ -56,7 +56,7 @@ def test_priority_policy_admits_lower_numbers_first_ties_by_arrival() -> None:
         make_request(priority=3, arrival_time=0.3, request_id="p3"),
     ]
     for r in reqs:
-        engine.add_request(r)
+        engine.scheduler.add_request(r)
     order: list[str] = []
     for step in run_to_completion(engine, clock):
         for s in step.plan.scheduled:
@@ -67,8 +67,8 @@ def test_priority_policy_admits_lower_numbers_first_ties_by_arrival() -> None:
 
 def test_fcfs_ignores_priority() -> None:
     engine, clock = make_engine(policy="fcfs", max_batch_size=1)
-    engine.add_request(make_request(priority=9, arrival_time=0.0, request_id="first"))
-    engine.add_request(make_request(priority=0, arrival_time=0.1, request_id="second"))
+    engine.scheduler.add_request(make_request(priority=9, arrival_time=0.0, request_id="first"))
+    engine.scheduler.add_request(make_request(priority=0, arrival_time=0.1, request_id="second"))
     assert [s.request_id for s in run_step(engine, clock).plan.scheduled] == ["first"]
 
 
@@ -77,9 +77,11 @@ def _serve_low_among_high_stream(aging_rate: float, max_steps: int) -> tuple[flo
     every step (10 ms). Returns when the low request was first scheduled (or None)."""
     engine, clock = make_engine(policy="priority", aging_rate=aging_rate, max_batch_size=1)
     low = make_request(priority=10, max_tokens=4, request_id="low")
-    engine.add_request(low)
+    engine.scheduler.add_request(low)
     for i in range(max_steps):
-        engine.add_request(make_request(priority=0, max_tokens=4, arrival_time=clock.now()))
+        engine.scheduler.add_request(
+            make_request(priority=0, max_tokens=4, arrival_time=clock.now())
+        )
         run_step(engine, clock)
         if low.first_scheduled_time is not None:
             break
@@ -115,7 +117,7 @@ def test_kv_pressure_preempts_the_worst_priority_and_keeps_its_tokens() -> None:
     worst = make_request(prompt_len=4, max_tokens=12, priority=2, request_id="worst")
     mid = make_request(prompt_len=4, max_tokens=12, priority=1, request_id="mid")
     for r in (best, worst, mid):
-        engine.add_request(r)
+        engine.scheduler.add_request(r)
     preempted: list[str] = []
     while not preempted:
         preempted = run_step(engine, clock).plan.preempted_ids or preempted
@@ -135,7 +137,7 @@ def test_kv_pressure_preempts_the_worst_priority_and_keeps_its_tokens() -> None:
 def test_fcfs_preempts_the_latest_arrival() -> None:
     engine, clock = make_engine(num_blocks=6, block_size=4, max_batch_size=3, chunk_size=64)
     for i in range(3):
-        engine.add_request(
+        engine.scheduler.add_request(
             make_request(prompt_len=4, max_tokens=12, arrival_time=i, request_id=f"a{i}")
         )
     first = next(p for s in run_to_completion(engine, clock) if (p := s.plan.preempted_ids))
@@ -149,7 +151,7 @@ def test_preemption_cap_protects_a_request_that_was_preempted_enough() -> None:
         for t, rid in enumerate("abc")
     )
     for r in (a, b, c):
-        engine.add_request(r)
+        engine.scheduler.add_request(r)
     run_step(engine, clock)
     sched = engine.scheduler
     assert sched.running == [a, b, c]
@@ -166,11 +168,11 @@ def test_priority_arrival_preempts_a_worse_request_when_the_batch_is_full() -> N
     engine, clock = make_engine(policy="priority", max_batch_size=2)
     low1 = make_request(priority=5, max_tokens=50, request_id="low1")
     low2 = make_request(priority=6, max_tokens=50, request_id="low2")
-    engine.add_request(low1)
-    engine.add_request(low2)
+    engine.scheduler.add_request(low1)
+    engine.scheduler.add_request(low2)
     run_step(engine, clock)
     high = make_request(priority=0, max_tokens=2, request_id="high", arrival_time=clock.now())
-    engine.add_request(high)
+    engine.scheduler.add_request(high)
     step = run_step(engine, clock)
     assert step.plan.preempted_ids == ["low2"]
     assert "high" in tokens_by_id(step) and "low2" not in tokens_by_id(step)
@@ -178,9 +180,9 @@ def test_priority_arrival_preempts_a_worse_request_when_the_batch_is_full() -> N
 
 def test_equal_priority_arrival_does_not_preempt() -> None:
     engine, clock = make_engine(policy="priority", max_batch_size=1)
-    engine.add_request(make_request(priority=1, max_tokens=5, request_id="a"))
+    engine.scheduler.add_request(make_request(priority=1, max_tokens=5, request_id="a"))
     run_step(engine, clock)
-    engine.add_request(make_request(priority=1, request_id="b", arrival_time=clock.now()))
+    engine.scheduler.add_request(make_request(priority=1, request_id="b", arrival_time=clock.now()))
     assert run_step(engine, clock).plan.preempted_ids == []
 
 
@@ -188,9 +190,9 @@ def test_static_mode_admits_a_batch_and_retires_it_whole() -> None:
     engine, clock = make_engine(mode="static", max_batch_size=3)
     lengths = {"s1": 2, "s2": 10, "s3": 5}
     for rid, n in lengths.items():
-        engine.add_request(make_request(max_tokens=n, request_id=rid))
+        engine.scheduler.add_request(make_request(max_tokens=n, request_id=rid))
     late = make_request(max_tokens=2, request_id="late")
-    engine.add_request(late)
+    engine.scheduler.add_request(late)
     steps = run_to_completion(engine, clock)
     late_first = next(i for i, s in enumerate(steps) if "late" in tokens_by_id(s))
     s2_last = max(i for i, s in enumerate(steps) if "s2" in tokens_by_id(s))
@@ -202,9 +204,9 @@ def test_static_mode_admits_a_batch_and_retires_it_whole() -> None:
 
 def test_continuous_mode_refills_a_freed_slot_at_once() -> None:
     engine, clock = make_engine(max_batch_size=2)
-    engine.add_request(make_request(max_tokens=2, request_id="short"))
-    engine.add_request(make_request(max_tokens=10, request_id="long"))
-    engine.add_request(make_request(max_tokens=2, request_id="next"))
+    engine.scheduler.add_request(make_request(max_tokens=2, request_id="short"))
+    engine.scheduler.add_request(make_request(max_tokens=10, request_id="long"))
+    engine.scheduler.add_request(make_request(max_tokens=2, request_id="next"))
     steps = run_to_completion(engine, clock)
     short_last = max(i for i, s in enumerate(steps) if "short" in tokens_by_id(s))
     assert "next" in tokens_by_id(steps[short_last + 1])
@@ -213,9 +215,9 @@ def test_continuous_mode_refills_a_freed_slot_at_once() -> None:
 def test_without_chunked_prefill_prompts_run_whole_in_prefill_only_steps() -> None:
     engine, clock = make_engine(num_blocks=128, chunked_prefill=False, max_num_tokens=512)
     decoder = make_request(prompt_len=8, max_tokens=20, request_id="dec")
-    engine.add_request(decoder)
+    engine.scheduler.add_request(decoder)
     run_step(engine, clock)
-    engine.add_request(make_request(prompt_len=300, max_tokens=3, request_id="big"))
+    engine.scheduler.add_request(make_request(prompt_len=300, max_tokens=3, request_id="big"))
     step = run_step(engine, clock)
     assert tokens_by_id(step) == {"big": 300}, "decodes wait during a prefill step"
     assert tokens_by_id(run_step(engine, clock)) == {"dec": 1, "big": 1}
@@ -265,7 +267,7 @@ def test_queue_limits_raise_overloaded_and_queue_nothing() -> None:
 def test_abort_frees_blocks_at_once_and_tells_the_executor() -> None:
     engine, clock = make_engine()
     r = make_request(prompt_len=40, max_tokens=50, request_id="gone")
-    engine.add_request(r)
+    engine.scheduler.add_request(r)
     run_step(engine, clock)
     assert engine.stats().kv_blocks_used == 3
     engine.abort("gone")
@@ -278,10 +280,10 @@ def test_abort_frees_blocks_at_once_and_tells_the_executor() -> None:
 
 def test_abort_of_a_waiting_request_removes_it_from_the_queue() -> None:
     engine, _ = make_engine()
-    engine.add_request(make_request(request_id="w"))
+    engine.scheduler.add_request(make_request(request_id="w"))
     engine.abort("w")
     assert engine.stats().num_waiting == 0
-    assert engine.abort("w") is None
+    assert engine.abort("w") is False
 
 
 def test_stop_token_finishes_with_stop_and_length_limit_with_length() -> None:
@@ -290,8 +292,8 @@ def test_stop_token_finishes_with_stop_and_length_limit_with_length() -> None:
     stop_at = expected.index(expected[2]) + 1  # first time the third token appears
     stopper = make_request(max_tokens=10, request_id="stopper", stop_token_ids=(expected[2],))
     runner = make_request(max_tokens=3, request_id="runner")
-    engine.add_request(stopper)
-    engine.add_request(runner)
+    engine.scheduler.add_request(stopper)
+    engine.scheduler.add_request(runner)
     outputs = [o for s in run_to_completion(engine, clock) for o in s.outputs]
     final = {o.request_id: o for o in outputs if o.finished}
     assert final["runner"].finish_reason == "length" and runner.num_output_tokens == 3
@@ -302,7 +304,7 @@ def test_stop_token_finishes_with_stop_and_length_limit_with_length() -> None:
 def test_resumed_request_reuses_its_cached_prefix() -> None:
     engine, clock = make_engine(num_blocks=64, block_size=4, chunk_size=64)
     r = make_request(prompt_len=40, max_tokens=30, request_id="r")
-    engine.add_request(r)
+    engine.scheduler.add_request(r)
     for _ in range(5):
         run_step(engine, clock)
     engine.scheduler._preempt(r, clock.now())
@@ -317,8 +319,8 @@ def test_a_request_the_executor_fails_ends_alone_with_its_error() -> None:
     engine, clock = make_engine()
     bad = make_request(max_tokens=5, request_id="bad")
     good = make_request(max_tokens=5, request_id="good")
-    engine.add_request(bad)
-    engine.add_request(good)
+    engine.scheduler.add_request(bad)
+    engine.scheduler.add_request(good)
     run_step(engine, clock)
     executor = engine.executor
     real_execute = executor.execute

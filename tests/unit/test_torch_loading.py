@@ -65,7 +65,7 @@ def test_from_config_sizes_the_pool_from_the_memory_budget(tmp_path: Path) -> No
     args = ModelArgs.from_hf_config(json.loads((folder / "config.json").read_text()))
     per_block = PagedKVCache.bytes_per_block(args, 8, torch.float32)
     assert per_block == 2 * 2 * 2 * 16 * 8 * 4
-    assert executor.kv_capacity() == int(0.001 * 2**30) // per_block
+    assert executor.info().num_kv_blocks == int(0.001 * 2**30) // per_block
     assert executor.max_model_len == TINY_CONFIG["max_position_embeddings"]
     assert executor.eos_token_ids == (2,)
     assert executor.runner.weights.dtype == torch.float32

@@ -270,6 +270,8 @@ class Scheduler:
                 break
             self.waiting.pop()
             request.num_computed_tokens = len(prefix) * self.kv.block_size
+            if request.first_scheduled_time is None:
+                request.num_cached_prompt_tokens = request.num_computed_tokens
             self._start_running(request, now)
             self._add_to_plan(request, n)
             admitted = True
@@ -375,6 +377,9 @@ class Scheduler:
                     FINISH_REASONS.get(status) if status is not None else None,
                     len(request.prompt_token_ids),
                     len(request.output_token_ids),
+                    None,
+                    request.first_scheduled_time,
+                    request.num_cached_prompt_tokens,
                 )
             )
         if finished:
@@ -403,6 +408,8 @@ class Scheduler:
             len(request.prompt_token_ids),
             len(request.output_token_ids),
             error,
+            request.first_scheduled_time,
+            request.num_cached_prompt_tokens,
         )
 
     def _finish(self, request: Request, status: RequestStatus, now: float) -> None:

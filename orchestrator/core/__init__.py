@@ -1,0 +1,81 @@
+"""The pure-Python core: scheduler, KV block manager, engine step and their seams.
+
+This package exports the seams and nothing else; the gateway, the simulator, the
+benchmark client and the executor plug-ins use only these names. It imports no torch,
+numpy, FastAPI or TensorRT-LLM (a test checks).
+"""
+
+from orchestrator.core.clock import Clock, VirtualClock, WallClock
+from orchestrator.core.config import (
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    ExecutorSpec,
+    ModelConfig,
+    SchedulerConfig,
+    ServerConfig,
+    StrictModel,
+    format_errors,
+    load_engine_config,
+    load_yaml,
+)
+from orchestrator.core.engine import EngineCore, EngineStats, EngineStep
+from orchestrator.core.errors import AdmissionError, EngineDeadError, EngineError, OverloadedError
+from orchestrator.core.executor import (
+    Executor,
+    ExecutorFactory,
+    ExecutorInfo,
+    UnknownExecutorError,
+    create_executor,
+    executor_class,
+    registered_executors,
+)
+from orchestrator.core.output import (
+    RequestOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+    StepCost,
+    StepResult,
+    TokenLogprobs,
+)
+from orchestrator.core.request import FinishReason, SamplingParams, Submission
+
+__all__ = [
+    "AdmissionError",
+    "CacheConfig",
+    "Clock",
+    "ConfigError",
+    "EngineConfig",
+    "EngineCore",
+    "EngineDeadError",
+    "EngineError",
+    "EngineStats",
+    "EngineStep",
+    "Executor",
+    "ExecutorFactory",
+    "ExecutorInfo",
+    "ExecutorSpec",
+    "FinishReason",
+    "ModelConfig",
+    "OverloadedError",
+    "RequestOutput",
+    "SamplingParams",
+    "ScheduledRequest",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "ServerConfig",
+    "StepCost",
+    "StepResult",
+    "StrictModel",
+    "Submission",
+    "TokenLogprobs",
+    "UnknownExecutorError",
+    "VirtualClock",
+    "WallClock",
+    "create_executor",
+    "executor_class",
+    "format_errors",
+    "load_engine_config",
+    "load_yaml",
+    "registered_executors",
+]
