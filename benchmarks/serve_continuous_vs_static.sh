@@ -3,7 +3,7 @@
 # measured from the client side by `orchestrator bench` with one workload file.
 #
 # Starts `orchestrator serve` on the default model twice: with the serve config as is
-# (continuous), then with a temporary copy that differs only in `scheduler.mode:
+# (continuous), then with a temporary copy that differs only in `scheduler.batching:
 # static`. Both servers get exactly the same requests at the same send times (the
 # second run replays the first run's workload.jsonl with the same seed). Prints the two
 # runs side by side with ratios continuous/static, and as its last line:
@@ -54,7 +54,7 @@ import yaml
 src, dst = sys.argv[1:]
 with open(src) as f:
     config = yaml.safe_load(f)
-config.setdefault("scheduler", {})["mode"] = "static"
+config.setdefault("scheduler", {})["batching"] = "static"
 with open(dst, "w") as f:
     yaml.safe_dump(config, f, sort_keys=False)
 PY

@@ -30,6 +30,7 @@ from orchestrator.core.executor import (
     executor_class,
     registered_executors,
 )
+from orchestrator.core.kv.hashing import BlockHash, block_hash, prefix_hashes, root_hash
 from orchestrator.core.output import (
     RequestOutput,
     ScheduledRequest,
@@ -42,6 +43,7 @@ from orchestrator.core.request import FinishReason, SamplingParams, Submission
 
 __all__ = [
     "AdmissionError",
+    "BlockHash",
     "CacheConfig",
     "Clock",
     "ConfigError",
@@ -72,10 +74,13 @@ __all__ = [
     "UnknownExecutorError",
     "VirtualClock",
     "WallClock",
+    "block_hash",
     "create_executor",
     "executor_class",
     "format_errors",
     "load_engine_config",
     "load_yaml",
+    "prefix_hashes",
     "registered_executors",
+    "root_hash",
 ]

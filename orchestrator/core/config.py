@@ -9,12 +9,21 @@ whose own pydantic ``Config`` validates the options.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from orchestrator.core.executor import executor_class
+from orchestrator.core.sched.batching import BATCHING_STRATEGIES
+from orchestrator.core.sched.ordering import ORDERING_POLICIES
 
 DEFAULT_MODEL_SOURCE = "embedded:smollm2-135m-instruct"
 
@@ -28,18 +37,21 @@ class ConfigError(ValueError):
 
 
 class SchedulerConfig(StrictModel):
-    """Per-step limits and the policy that orders waiting requests.
+    """Per-step limits, the batching strategy and the policy that orders waiting requests.
 
-    ``max_num_tokens`` is the token budget of one step (decode tokens plus prefill
-    chunks); ``max_batch_size`` caps the requests in one step. ``aging_rate`` is how many
-    priority levels a waiting request gains per second of waiting (``priority`` policy).
+    ``batching`` names a batching strategy (``continuous`` with chunked prefill,
+    ``prefill_first`` without chunking, ``static`` as the benchmarks' baseline) and
+    ``policy`` an ordering policy (``fcfs``, ``priority``); see
+    ``orchestrator/core/sched/``. ``max_num_tokens`` is the token budget of one step
+    (decode tokens plus prefill chunks); ``max_batch_size`` caps the requests in one
+    step. ``aging_rate`` is how many priority levels a waiting request gains per second
+    of waiting (``priority`` policy).
     """
 
-    mode: Literal["continuous", "static"] = "continuous"
-    policy: Literal["fcfs", "priority"] = "fcfs"
+    batching: str = "continuous"
+    policy: str = "fcfs"
     max_num_tokens: int = Field(2048, ge=1)
     max_batch_size: int = Field(64, ge=1)
-    chunked_prefill: bool = True
     chunk_size: int = Field(512, ge=1)
     aging_rate: float = Field(1.0, ge=0)
     preempt_for_priority: bool | None = None
@@ -47,12 +59,26 @@ class SchedulerConfig(StrictModel):
     max_waiting_requests: int = Field(1024, ge=1)
     max_waiting_tokens: int = Field(1_048_576, ge=1)
 
+    @field_validator("batching")
+    @classmethod
+    def _known_batching(cls, value: str) -> str:
+        if value not in BATCHING_STRATEGIES:
+            raise ValueError(f"unknown batching {value!r}; known: {', '.join(BATCHING_STRATEGIES)}")
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in ORDERING_POLICIES:
+            raise ValueError(f"unknown policy {value!r}; known: {', '.join(ORDERING_POLICIES)}")
+        return value
+
     @property
     def priority_preemption(self) -> bool:
-        """Whether a waiting request of strictly better priority may evict a running one
-        (default: on for the ``priority`` policy, off otherwise)."""
+        """Whether a waiting request that ranks strictly better may evict a running one
+        (default: the ordering policy's; on for ``priority``, off for ``fcfs``)."""
         if self.preempt_for_priority is None:
-            return self.policy == "priority"
+            return ORDERING_POLICIES[self.policy](self).preempts_for_priority
         return self.preempt_for_priority
 
     @model_validator(mode="after")
@@ -66,11 +92,21 @@ class SchedulerConfig(StrictModel):
 
 
 class CacheConfig(StrictModel):
-    """Paged KV cache layout. ``num_blocks`` ``None`` means: as many as the executor holds."""
+    """Paged KV cache layout. ``num_blocks`` ``None`` means: as many as the executor holds.
+
+    ``admission_headroom_blocks`` is the watermark: free blocks kept per running request
+    when admitting a new one (each running request needs a new block within
+    ``block_size`` steps; admitting into that headroom only causes preemptions).
+    ``prefix_hash_seed`` seeds the prefix-cache block hashes: replicas that share it agree
+    on block hashes (KV-aware routing needs that); ``None`` draws a random seed per
+    process, so hashes cannot be predicted from outside.
+    """
 
     block_size: int = Field(16, ge=1)
     num_blocks: int | None = Field(None, ge=1)
     enable_prefix_caching: bool = True
+    admission_headroom_blocks: int = Field(1, ge=0)
+    prefix_hash_seed: str | None = None
 
 
 class ModelConfig(StrictModel):

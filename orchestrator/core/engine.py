@@ -99,7 +99,14 @@ class EngineCore:
         executor = executor if executor is not None else create_executor(config)
         info = executor.info()
         num_blocks, max_model_len = _checked_info(config, info)
-        kv = KVCacheManager(num_blocks, config.cache.block_size, config.cache.enable_prefix_caching)
+        cache = config.cache
+        kv = KVCacheManager(
+            num_blocks,
+            cache.block_size,
+            cache.enable_prefix_caching,
+            headroom_blocks=cache.admission_headroom_blocks,
+            hash_seed=cache.prefix_hash_seed,
+        )
         scheduler = Scheduler(config.scheduler, kv, max_model_len)
         return cls(scheduler, executor, clock if clock is not None else WallClock(), info)
 

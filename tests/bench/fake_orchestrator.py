@@ -1,6 +1,6 @@
 """Stand-in for the ``orchestrator`` command in the test of
 ``benchmarks/serve_continuous_vs_static.sh``: ``serve`` runs the SSE test server on the
-given port, serving a model named after the config's ``scheduler.mode`` (so a test can
+given port, serving a model named after the config's ``scheduler.batching`` (so a test can
 tell which config each run met) and three times slower per token in static mode;
 ``bench`` is the real benchmark client."""
 
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         code: int = args.func(args)
         return code
     with open(args.config) as f:
-        mode = yaml.safe_load(f)["scheduler"]["mode"]
+        mode = yaml.safe_load(f)["scheduler"]["batching"]
     serve_forever(Behaviour(ttft_s=0.01, itl_s=ITL_S[mode], model=f"stand-in-{mode}"), args.port)
     return 0
 

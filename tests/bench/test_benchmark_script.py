@@ -32,7 +32,7 @@ def free_port() -> int:
 
 def run_script(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "serve.yaml"
-    config.write_text("model:\n  name: SmolLM2-135M-Instruct\nscheduler:\n  mode: continuous\n")
+    config.write_text("model:\n  name: SmolLM2-135M-Instruct\nscheduler:\n  batching: continuous\n")
     full_env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -64,7 +64,7 @@ def test_script_compares_both_modes_on_one_workload(tmp_path):
     assert match, last
     out = tmp_path / "out"
     static_config = (out / "serve-static.yaml").read_text()
-    assert "mode: static" in static_config and "name: SmolLM2-135M-Instruct" in static_config
+    assert "batching: static" in static_config and "name: SmolLM2-135M-Instruct" in static_config
     summaries = [
         json.loads((out / m / "summary.json").read_text()) for m in ("continuous", "static")
     ]

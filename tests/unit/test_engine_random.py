@@ -15,8 +15,8 @@ CONFIGS = [
     {"policy": "fcfs", "chunk_size": 32},
     {"policy": "priority", "aging_rate": 5.0, "chunk_size": 64},
     {"policy": "priority", "aging_rate": 0.5, "chunk_size": 16, "max_preemptions": 2},
-    {"policy": "fcfs", "chunked_prefill": False, "max_num_tokens": 400},
-    {"policy": "fcfs", "mode": "static"},
+    {"policy": "fcfs", "batching": "prefill_first", "max_num_tokens": 400},
+    {"policy": "fcfs", "batching": "static"},
 ]
 
 
@@ -88,7 +88,7 @@ def test_every_request_gets_exactly_its_own_tokens(seed: int, config: dict) -> N
         ], r.request_id
     kv = engine.scheduler.kv
     assert kv.num_used_blocks == 0 and kv.num_free_blocks == num_blocks
-    if config.get("mode") != "static":
+    if config.get("batching") != "static":
         assert preemptions > 0, "the pool was meant to force preemption"
     else:
         assert preemptions == 0, "static batches reserve their KV up front"

@@ -42,9 +42,9 @@ def test_allocate_answers_none_and_changes_nothing_when_full() -> None:
     kv = KVCacheManager(3, BS)
     a, b = make_request(prompt_len=8), make_request(prompt_len=8)
     assert compute(kv, a, 8)
-    before = (kv.num_free_blocks, dict(kv.req_blocks))
+    before = (kv.num_free_blocks, kv.block_tables())
     assert kv.allocate(b, 8) is None
-    assert (kv.num_free_blocks, dict(kv.req_blocks)) == before
+    assert (kv.num_free_blocks, kv.block_tables()) == before
     kv.integrity_check()
 
 
@@ -89,7 +89,7 @@ def test_integrity_check_catches_a_leak() -> None:
     kv = KVCacheManager(4, BS)
     r = make_request(prompt_len=4)
     assert compute(kv, r, 4)
-    kv.req_blocks.pop(r.request_id)  # drop ownership without releasing
+    kv._records.pop(r.request_id)  # drop ownership without releasing
     with pytest.raises(AssertionError, match="reference counts"):
         kv.integrity_check()
 
@@ -133,7 +133,7 @@ class KVStateMachine(RuleBasedStateMachine):
             return
         n = min(n, r.num_uncomputed_tokens)
         prefix = None
-        if r.request_id not in self.kv.req_blocks:
+        if not self.kv.block_table(r.request_id):
             prefix = self.kv.find_cached_prefix(r)
             for i, block in enumerate(prefix):
                 # A reused block must hold exactly this request's tokens.
@@ -163,7 +163,7 @@ class KVStateMachine(RuleBasedStateMachine):
     @invariant()
     def blocks_accounted_for(self) -> None:
         self.kv.integrity_check()
-        owned = {b for blocks in self.kv.req_blocks.values() for b in blocks}
+        owned = {b for blocks in self.kv.block_tables().values() for b in blocks}
         assert self.kv.num_used_blocks == len(owned)
 
     def teardown(self) -> None:

@@ -7,6 +7,7 @@ import pytest
 from orchestrator.core.errors import AdmissionError, OverloadedError
 from orchestrator.core.output import StepResult
 from orchestrator.core.request import RequestStatus
+from orchestrator.core.sched.step import StepState
 from tests.factories import make_engine, make_request, make_scheduler, run_step, run_to_completion
 from tests.fakes import fake_token
 
@@ -187,7 +188,7 @@ def test_equal_priority_arrival_does_not_preempt() -> None:
 
 
 def test_static_mode_admits_a_batch_and_retires_it_whole() -> None:
-    engine, clock = make_engine(mode="static", max_batch_size=3)
+    engine, clock = make_engine(batching="static", max_batch_size=3)
     lengths = {"s1": 2, "s2": 10, "s3": 5}
     for rid, n in lengths.items():
         engine.scheduler.add_request(make_request(max_tokens=n, request_id=rid))
@@ -213,7 +214,7 @@ def test_continuous_mode_refills_a_freed_slot_at_once() -> None:
 
 
 def test_without_chunked_prefill_prompts_run_whole_in_prefill_only_steps() -> None:
-    engine, clock = make_engine(num_blocks=128, chunked_prefill=False, max_num_tokens=512)
+    engine, clock = make_engine(num_blocks=128, batching="prefill_first", max_num_tokens=512)
     decoder = make_request(prompt_len=8, max_tokens=20, request_id="dec")
     engine.scheduler.add_request(decoder)
     run_step(engine, clock)
@@ -238,7 +239,7 @@ def test_requests_that_can_never_run_are_rejected_at_submission(kwargs, match) -
 
 
 def test_prompt_over_the_step_budget_is_rejected_without_chunked_prefill() -> None:
-    sched = make_scheduler(chunked_prefill=False, max_num_tokens=256)
+    sched = make_scheduler(batching="prefill_first", max_num_tokens=256)
     with pytest.raises(AdmissionError, match="without chunked prefill"):
         sched.add_request(make_request(prompt_len=300))
 
@@ -307,7 +308,7 @@ def test_resumed_request_reuses_its_cached_prefix() -> None:
     engine.scheduler.add_request(r)
     for _ in range(5):
         run_step(engine, clock)
-    engine.scheduler._preempt(r, clock.now())
+    engine.scheduler._preempt(StepState(0), r, clock.now())
     step = run_step(engine, clock)
     (planned,) = step.plan.scheduled
     # 45 known tokens (40 + 5 sampled), 44 computed: 11 full blocks come back from the

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from orchestrator.core.kv.hashing import BlockHash
+
 
 class BlockPool:
     """Blocks ``0 .. num_blocks - 1``.
@@ -22,9 +24,9 @@ class BlockPool:
             raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self.block_hashes: list[int | None] = [None] * num_blocks
+        self.block_hashes: list[BlockHash | None] = [None] * num_blocks
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self.cached: dict[int, int] = {}  # prefix hash -> block id
+        self.cached: dict[BlockHash, int] = {}  # prefix hash -> block id
         self.num_used = 0
 
     @property
@@ -66,12 +68,12 @@ class BlockPool:
                 self.free_queue[block] = None
                 self.num_used -= 1
 
-    def cache(self, block: int, block_hash: int) -> None:
+    def cache(self, block: int, block_hash: BlockHash) -> None:
         """Register a full, computed block under its prefix hash. A hash already cached
         under another block keeps that block (two requests computed the same content)."""
         if block_hash not in self.cached and self.block_hashes[block] is None:
             self.cached[block_hash] = block
             self.block_hashes[block] = block_hash
 
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: BlockHash) -> int | None:
         return self.cached.get(block_hash)

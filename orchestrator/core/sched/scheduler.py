@@ -2,23 +2,19 @@
 under a token budget (Sarathi-Serve), priorities with aging, and preemption by
 recompute.
 
-Each step, in this order:
-1. Priority preemption: if the best waiting request has a strictly better priority than
-   a running one and the batch is full (or its first chunk does not fit the KV pool),
-   the worst running request yields.
-2. Running requests, best first, get their decode token; a request whose next block
-   cannot be allocated preempts the worst running request below it (or itself).
-3. What is left of the budget goes to prefill chunks of at most ``chunk_size`` tokens:
-   first running requests part-way through their prompt, then waiting requests in
-   policy order, admitted while the batch cap and the KV pool allow. Admission stops at
-   the first request that does not fit, so the policy order holds.
-Requests preempted in a step are not readmitted in the same step.
-
-``static`` mode is request-level batching, kept only as the benchmarks' baseline: a
-batch is admitted when nothing runs, with KV reserved for each request's whole
-lifetime, and no request joins until every one of the batch has finished.
-Without ``chunked_prefill``, prompts are prefilled whole in prefill-only steps while
-decodes wait (the behaviour chunked prefill improves on).
+The scheduler owns the mechanisms; a batching strategy (``batching.py``) composes them
+into a step and an ordering policy (``ordering.py``) ranks requests. The mechanisms:
+- Priority preemption: if the best waiting request ranks strictly better than a running
+  one and the batch is full (or its first chunk does not fit the KV pool), the worst
+  running request yields.
+- Running requests, best first, get their decode token; a request whose next block
+  cannot be allocated preempts the worst running request below it (or itself). Then
+  prefill chunks of at most ``chunk_size`` tokens go to running requests part-way
+  through their prompt.
+- Admission: waiting requests in policy order get a first chunk while the batch cap,
+  the budget and the KV pool (with its headroom) allow. Admission stops at the first
+  request that does not fit, so the policy order holds. Requests preempted in a step
+  are not readmitted in the same step.
 """
 
 from __future__ import annotations
@@ -35,7 +31,10 @@ from orchestrator.core.output import (
     StepResult,
 )
 from orchestrator.core.request import FINISH_REASONS, Request, RequestStatus
-from orchestrator.core.sched.queue import WaitingQueue
+from orchestrator.core.sched.batching import BATCHING_STRATEGIES
+from orchestrator.core.sched.ordering import make_ordering
+from orchestrator.core.sched.step import StepState
+from orchestrator.core.sched.waiting import WaitingQueue
 
 
 class Scheduler:
@@ -50,17 +49,16 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
-        self.waiting = WaitingQueue(config.policy, config.aging_rate)
-        self.running: list[Request] = []  # best first by waiting.running_key
+        self.strategy = BATCHING_STRATEGIES[config.batching]()
+        self.ordering = make_ordering(config)
+        self.waiting = WaitingQueue(self.ordering)
+        self.running: list[Request] = []  # best first by ordering.running_key
         self.requests: dict[str, Request] = {}  # every waiting or running request
         self.num_preemptions = 0
+        # Ids whose blocks were freed since the last plan, reported in the next one.
         self._freed_ids: list[str] = []
         self._preempted_ids: list[str] = []
-        # Per-step state, reset by schedule().
-        self._scheduled: dict[str, ScheduledRequest] = {}
-        self._budget = 0
-        self._just_preempted: set[str] = set()
-        self._kv_preempted = False
+        self.priority_preemption = config.priority_preemption
 
     # ------------------------------------------------------------------ submission
 
@@ -100,7 +98,7 @@ class Scheduler:
                 f"prompt plus max_tokens ({lifetime} tokens) needs {blocks} KV blocks; "
                 f"the KV pool holds {self.kv.num_blocks}"
             )
-        if not self.config.chunked_prefill and lifetime > self.config.max_num_tokens:
+        if not self.strategy.chunks_prefill and lifetime > self.config.max_num_tokens:
             raise AdmissionError(
                 f"without chunked prefill, prompt plus max_tokens ({lifetime} tokens) must "
                 f"fit one step's budget (max_num_tokens={self.config.max_num_tokens})"
@@ -136,34 +134,18 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self, now: float) -> SchedulerOutput:
-        cfg = self.config
-        self._scheduled = {}
-        self._budget = cfg.max_num_tokens
-        self._just_preempted = set()
-        self._kv_preempted = False
-        if cfg.mode == "static":
-            if not self.running:
-                self._admit_static_batch(now)
-            self._schedule_running(now)
-        elif not cfg.chunked_prefill and self._admit_waiting(now, whole_prompts=True):
-            pass  # a prefill-only step: decodes wait for the next one
-        else:
-            if cfg.priority_preemption:
-                self._preempt_for_priority(now)
-            self._schedule_running(now)
-            # After running requests had to yield for blocks, admitting new ones would
-            # only grow the pressure that caused it.
-            if not self._kv_preempted:
-                self._admit_waiting(now, whole_prompts=not cfg.chunked_prefill)
+        """The plan for the next step; ``now`` is the step's start (seconds)."""
+        step = StepState(self.config.max_num_tokens)
+        self.strategy.fill(self, step, now)
         plan = SchedulerOutput(
-            scheduled=list(self._scheduled.values()),
+            scheduled=list(step.scheduled.values()),
             preempted_ids=self._preempted_ids,
             finished_ids=self._freed_ids,
         )
         self._preempted_ids, self._freed_ids = [], []
         return plan
 
-    def _schedule_running(self, now: float) -> None:
+    def schedule_running(self, step: StepState, now: float) -> None:
         """Decode tokens for every running request first, then prefill chunks for the
         ones part-way through their prompt."""
         prefilling = []
@@ -178,24 +160,24 @@ class Scheduler:
             )
             if uncomputed > 1:
                 prefilling.append(request)
-            elif self._budget > 0:
-                self._schedule_or_preempt(request, 1, now)
+            elif step.budget > 0:
+                self._schedule_or_preempt(step, request, 1, now)
         for request in prefilling:
-            if self._budget == 0:
+            if step.budget == 0:
                 break
             if request.status == RequestStatus.RUNNING:
-                n = min(request.num_uncomputed_tokens, self.config.chunk_size, self._budget)
-                self._schedule_or_preempt(request, n, now)
+                n = min(request.num_uncomputed_tokens, self.config.chunk_size, step.budget)
+                self._schedule_or_preempt(step, request, n, now)
 
-    def _schedule_or_preempt(self, request: Request, n: int, now: float) -> None:
+    def _schedule_or_preempt(self, step: StepState, request: Request, n: int, now: float) -> None:
         """Give ``request`` ``n`` tokens, preempting others (or itself) until its blocks fit."""
         while self.kv.allocate(request, n) is None:
             victim = self._choose_victim(request)
-            self._preempt(victim, now)
-            self._kv_preempted = True
+            self._preempt(step, victim, now)
+            step.kv_preempted = True
             if victim is request:
                 return
-        self._add_to_plan(request, n)
+        self._add_to_plan(step, request, n)
 
     def _choose_victim(self, request: Request) -> Request:
         """The running request to preempt so that ``request`` can grow.
@@ -217,7 +199,12 @@ class Scheduler:
         others = [r for r in self.running if r is not request]
         return others[-1] if others else request
 
-    def _preempt_for_priority(self, now: float) -> None:
+    def preempt_for_priority(self, step: StepState, now: float) -> None:
+        """Evict the worst running requests that rank below the best waiting one while
+        the batch is full or its first chunk does not fit (when priority preemption is
+        on)."""
+        if not self.priority_preemption:
+            return
         candidate = self.waiting.peek()
         if candidate is None:
             return
@@ -238,48 +225,47 @@ class Scheduler:
             )
             if victim is None:
                 return
-            self._preempt(victim, now)
+            self._preempt(step, victim, now)
 
-    def _admit_waiting(self, now: float, whole_prompts: bool) -> bool:
+    def admit_waiting(self, step: StepState, now: float, whole_prompts: bool) -> bool:
         """Admit waiting requests in policy order with a first chunk each (the whole
         prompt if ``whole_prompts``). Returns whether any was admitted."""
         cfg = self.config
         deferred = []
         admitted = False
-        while self._budget > 0 and len(self.running) < cfg.max_batch_size:
+        kv = self.kv
+        while step.budget > 0 and len(self.running) < cfg.max_batch_size:
             request = self.waiting.peek()
             if request is None:
                 break
-            if request.request_id in self._just_preempted:
+            if request.request_id in step.preempted:
                 deferred.append(self.waiting.pop())
                 continue
-            prefix = self.kv.find_cached_prefix(request)
-            remaining = request.num_tokens - len(prefix) * self.kv.block_size
+            prefix = kv.find_cached_prefix(request)
+            remaining = request.num_tokens - len(prefix) * kv.block_size
             if whole_prompts:
-                if remaining > self._budget:
+                if remaining > step.budget:
                     break
                 n = remaining
             else:
-                n = min(remaining, cfg.chunk_size, self._budget)
-            # Keep a block of headroom per running request: each will need one within
-            # block_size steps, and admitting into that headroom only causes preemptions.
-            need = self.kv.blocks_for(len(prefix) * self.kv.block_size + n) - len(prefix)
-            if need + len(self.running) > self.kv.num_free_blocks:
+                n = min(remaining, cfg.chunk_size, step.budget)
+            need = kv.blocks_for(len(prefix) * kv.block_size + n) - len(prefix)
+            if not kv.can_admit(need, len(self.running)):
                 break
-            if self.kv.allocate(request, n, prefix) is None:
+            if kv.allocate(request, n, prefix) is None:
                 break
             self.waiting.pop()
-            request.num_computed_tokens = len(prefix) * self.kv.block_size
+            request.num_computed_tokens = len(prefix) * kv.block_size
             if request.first_scheduled_time is None:
                 request.num_cached_prompt_tokens = request.num_computed_tokens
             self._start_running(request, now)
-            self._add_to_plan(request, n)
+            self._add_to_plan(step, request, n)
             admitted = True
         for request in deferred:
             self.waiting.push(request)
         return admitted
 
-    def _admit_static_batch(self, now: float) -> None:
+    def admit_static_batch(self, now: float) -> None:
         """Admit up to ``max_batch_size`` requests whose whole-lifetime KV fits together."""
         free = self.kv.num_free_blocks
         while len(self.running) < self.config.max_batch_size:
@@ -302,12 +288,12 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         if request.first_scheduled_time is None:
             request.first_scheduled_time = now
-        bisect.insort(self.running, request, key=self.waiting.running_key)
+        bisect.insort(self.running, request, key=self.ordering.running_key)
 
-    def _add_to_plan(self, request: Request, n: int) -> None:
+    def _add_to_plan(self, step: StepState, request: Request, n: int) -> None:
         start = request.num_computed_tokens
         rid = request.request_id
-        self._scheduled[rid] = ScheduledRequest(
+        step.scheduled[rid] = ScheduledRequest(
             rid,
             request.token_ids(start, start + n),
             start,
@@ -315,14 +301,14 @@ class Scheduler:
             start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
             request.sampling,
         )
-        self._budget -= n
+        step.budget -= n
 
-    def _preempt(self, request: Request, now: float) -> None:
+    def _preempt(self, step: StepState, request: Request, now: float) -> None:
         """Recompute-mode preemption: free the blocks, keep the tokens, requeue."""
         self.running.remove(request)
-        planned = self._scheduled.pop(request.request_id, None)
+        planned = step.scheduled.pop(request.request_id, None)
         if planned is not None:
-            self._budget += planned.num_tokens
+            step.budget += planned.num_tokens
         self.kv.free(request, keep_hashes=True)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
@@ -330,7 +316,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.push(request)
         self._preempted_ids.append(request.request_id)
-        self._just_preempted.add(request.request_id)
+        step.preempted.add(request.request_id)
 
     # ------------------------------------------------------------------ results
 

@@ -1,0 +1,83 @@
+"""Ordering policies: the order in which waiting requests are admitted, and which running
+request yields first. Chosen by ``scheduler.policy`` in config (a key of
+``ORDERING_POLICIES``); a new policy is a new class here, not a branch in the scheduler.
+
+A policy is a pair of sort keys. Keys are compared as tuples, smaller first, and must not
+change while a request waits (a heap holds them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from orchestrator.core.request import Request
+
+if TYPE_CHECKING:
+    from orchestrator.core.config import SchedulerConfig
+
+SortKey = tuple[float, float]
+
+
+class OrderingPolicy(Protocol):
+    """How requests compare.
+
+    ``admission_key``: waiting requests are admitted smallest key first.
+    ``running_key``: running requests are kept sorted by it; the last one is the first
+    preemption victim. ``preempts_for_priority``: whether, by default, a waiting request
+    that ranks strictly better may evict a running one (``scheduler.preempt_for_priority``
+    overrides it).
+    """
+
+    preempts_for_priority: bool
+
+    def admission_key(self, request: Request) -> SortKey: ...
+
+    def running_key(self, request: Request) -> SortKey: ...
+
+
+class FcfsOrdering:
+    """First come, first served: by arrival time; the latest arrival yields first."""
+
+    preempts_for_priority = False
+
+    def admission_key(self, request: Request) -> SortKey:
+        return (request.arrival_time, 0.0)
+
+    def running_key(self, request: Request) -> SortKey:
+        return (request.arrival_time, 0.0)
+
+
+class PriorityOrdering:
+    """Lower ``priority`` first, with aging.
+
+    The admission key is ``priority + aging_rate * arrival_time``: a request's effective
+    priority improves by ``aging_rate`` levels per second waited, and because every
+    waiting request ages at the same rate the order never changes while they wait, so a
+    heap keeps it. Starvation bound: a request of priority ``p`` that arrived at ``t0`` is
+    ahead of any request of priority ``q < p`` arriving after ``t0 + (p - q) /
+    aging_rate``. Among running requests the worst priority, then the latest arrival,
+    yields first.
+    """
+
+    preempts_for_priority = True
+
+    def __init__(self, aging_rate: float) -> None:
+        self.aging_rate = aging_rate
+
+    def admission_key(self, request: Request) -> SortKey:
+        return (request.priority + self.aging_rate * request.arrival_time, request.arrival_time)
+
+    def running_key(self, request: Request) -> SortKey:
+        return (request.priority, request.arrival_time)
+
+
+ORDERING_POLICIES: dict[str, Callable[[SchedulerConfig], OrderingPolicy]] = {
+    "fcfs": lambda config: FcfsOrdering(),
+    "priority": lambda config: PriorityOrdering(config.aging_rate),
+}
+
+
+def make_ordering(config: SchedulerConfig) -> OrderingPolicy:
+    """The policy ``config.policy`` names (the config validated the name)."""
+    return ORDERING_POLICIES[config.policy](config)

@@ -1,0 +1,121 @@
+"""The rooms of the project and what each may import (docs/architecture.md):
+
+- ``orchestrator/core`` imports only itself, the standard library, pydantic and PyYAML:
+  no torch, numpy, FastAPI or TensorRT-LLM, and nothing else of the project;
+- the rest of ``orchestrator`` uses the core through ``orchestrator.core`` (the seams its
+  ``__init__`` exports), never a core submodule, and never imports ``plugins``;
+- only the gateway imports FastAPI, Starlette or uvicorn;
+- ``plugins`` import the project only through ``orchestrator.core`` and
+  ``orchestrator.common``.
+
+Imports are read from the source (every ``import`` statement, lazy ones included).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE_THIRD_PARTY = {"pydantic", "pydantic_core", "yaml"}
+WEB = {"fastapi", "starlette", "uvicorn"}
+Rule = Callable[[str], str | None]
+
+
+def imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, as dotted names (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                names.append(f"{base}.{node.module}" if node.module else base)
+            elif node.module:
+                names.append(node.module)
+    return names
+
+
+def files(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def violations(paths: list[Path], rule: Rule) -> list[str]:
+    found = []
+    for path in paths:
+        for name in imports(path):
+            reason = rule(name)
+            if reason:
+                found.append(f"{path.relative_to(ROOT)} imports {name}: {reason}")
+    return found
+
+
+def core_rule(name: str) -> str | None:
+    if name == "orchestrator.core" or name.startswith("orchestrator.core."):
+        return None
+    if top(name) in sys.stdlib_module_names or top(name) in CORE_THIRD_PARTY:
+        return None
+    return "the core imports only itself, the standard library, pydantic and yaml"
+
+
+def app_rule(in_gateway: bool) -> Rule:
+    def rule(name: str) -> str | None:
+        if top(name) == "plugins":
+            return "orchestrator never imports plugins"
+        if name.startswith("orchestrator.core."):
+            return "use the seams that orchestrator.core exports"
+        if top(name) in WEB and not in_gateway:
+            return "only the gateway imports the web framework"
+        return None
+
+    return rule
+
+
+def plugin_rule(name: str) -> str | None:
+    if top(name) != "orchestrator":
+        return None
+    if name in ("orchestrator.core", "orchestrator.common") or name.startswith(
+        "orchestrator.common."
+    ):
+        return None
+    return "plugins use only orchestrator.core and orchestrator.common"
+
+
+def test_the_core_imports_nothing_outside_itself() -> None:
+    core = files("orchestrator/core")
+    assert core, "no core found"
+    assert violations(core, core_rule) == []
+
+
+@pytest.mark.parametrize(
+    "room", ["common", "gateway", "sim", "bench", "cli.py"], ids=lambda r: r.removesuffix(".py")
+)
+def test_applications_use_the_core_through_its_seams(room: str) -> None:
+    target = ROOT / "orchestrator" / room
+    paths = [target] if target.is_file() else files(f"orchestrator/{room}")
+    assert violations(paths, app_rule(room == "gateway")) == []
+
+
+def test_plugins_use_only_the_core_and_the_shared_vocabulary() -> None:
+    assert violations(files("plugins"), plugin_rule) == []
+
+
+def test_the_rules_catch_what_they_forbid() -> None:
+    # The checks themselves: each rule refuses what it names.
+    assert core_rule("torch") and core_rule("numpy") and core_rule("fastapi")
+    assert core_rule("orchestrator.common.specs") and core_rule("plugins.sim_executor")
+    assert app_rule(False)("plugins.sim_executor")
+    assert app_rule(False)("orchestrator.core.sched.scheduler")
+    assert app_rule(False)("fastapi") and not app_rule(True)("fastapi")
+    assert plugin_rule("orchestrator.sim.driver") and not plugin_rule("orchestrator.core")
