@@ -19,6 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.common.cost_model import CostModel
+from orchestrator.common.deployment import Deployment
 from orchestrator.common.specs import load_gpu_spec, load_model_spec
 from orchestrator.common.workloads import (
     ClosedLoop,
@@ -30,7 +32,6 @@ from orchestrator.common.workloads import (
 from orchestrator.core import EngineConfig
 from orchestrator.sim.config import SimConfig, SLOConfig
 from orchestrator.sim.runner import SimResult, ceiling_rate, rate_sweep, run_simulation
-from plugins.sim_executor import CostModel, SimExecutor
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def static_vs_continuous(num_requests: int) -> list[Row]:
         ("continuous", "70-85%", (0.70, 0.85)),
     ):
         cfg = SimConfig(
-            engine=engine("llama2-13b", "a100-80gb", "bf16", 1, mode=mode, max_batch_size=16),
+            engine=engine("llama2-13b", "a100-80gb", "bf16", 1, batching=mode, max_batch_size=16),
             workload=workload,
         )
         report = run_simulation(cfg).report
@@ -148,7 +149,7 @@ def chunked_prefill(num_requests: int) -> list[Row]:
     )
     whole = SimConfig(
         engine=engine(
-            "llama3-70b", "h100-sxm", "fp8", 2, chunked_prefill=False, max_num_tokens=8192
+            "llama3-70b", "h100-sxm", "fp8", 2, batching="prefill_first", max_num_tokens=8192
         ),
         workload=workload,
     )
@@ -166,12 +167,12 @@ def chunked_prefill(num_requests: int) -> list[Row]:
     def interference(r: SimResult) -> float:
         """TPOT over a pure decode step's time at the run's mean batch and context:
         what prefills sharing (or pre-empting) the steps add for running requests."""
-        executor = r.run.replicas[0].core.executor
-        assert isinstance(executor, SimExecutor)
+        deployment = r.config.engine.executor.options
+        assert isinstance(deployment, Deployment)
         n = len(r.workload.requests)
         context = sum(q.prompt_len + q.output_len / 2 for q in r.workload.requests) / n
         batch = max(1, round(r.report.mean_batch_occupancy))
-        decode_only = executor.cost_model.decode_cost(batch, round(context)).total_s
+        decode_only = deployment.cost_model().decode_cost(batch, round(context)).total_s
         return tpot(r) / decode_only - 1
 
     ttft_change = ttft(runs["chunked"][-1]) / ttft(runs["none"][-1]) - 1

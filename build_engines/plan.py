@@ -1,5 +1,5 @@
 """A build plan: the spec with everything derived from it before anything runs
-(validation findings, memory plan, output layout, exact commands)."""
+(validation findings, capacity plan, output layout, exact commands)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from build_engines.commands import (
     describe_download,
     quantize_argv,
 )
-from build_engines.memory import MemoryPlan, plan_memory
+from build_engines.memory import BuildCapacity, plan_memory
 from build_engines.spec import BuildSpec, load_build_spec
 from build_engines.validate import Finding, RuleInput, Severity, validate
 from orchestrator.common.specs import GPUSpec, ModelSpec
@@ -26,7 +26,7 @@ class BuildPlan:
     gpu: GPUSpec
     toolchain: Toolchain
     layout: Layout
-    memory: MemoryPlan
+    memory: BuildCapacity
     findings: tuple[Finding, ...]
     spec_path: Path | None = None
 

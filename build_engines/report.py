@@ -69,8 +69,8 @@ def render_memory(console: Console, plan: BuildPlan) -> None:
     table.add_row(
         "Weights",
         _gb(m.weight_bytes),
-        f"{q.weights} linear layers / tp {tp}; {s.model.dtype} embedding and norms, "
-        f"LM head / tp {tp}"
+        f"{q.weights} linear layers / tp {tp}; {s.model.dtype} embedding and LM head "
+        f"/ tp {tp}, norms"
         + (f"; {-(-model.num_layers // pp)} layers per PP rank" if pp > 1 else ""),
     )
     table.add_row(

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from build_engines.memory import MemoryPlan
+from build_engines.memory import BuildCapacity
 from build_engines.spec import Backend, BuildSpec, PluginSection
 from orchestrator.common.specs import GPUSpec, ModelSpec
 
@@ -28,7 +28,7 @@ class RuleInput:
     spec: BuildSpec
     model: ModelSpec
     gpu: GPUSpec
-    memory: MemoryPlan
+    memory: BuildCapacity
 
     @property
     def plugins(self) -> PluginSection:

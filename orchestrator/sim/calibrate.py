@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from orchestrator.common.cost_model import CostModel
+from orchestrator.common.deployment import Deployment
 from orchestrator.common.specs import DType, GPUSpec, ModelSpec, load_model_spec
 from orchestrator.core import (
     EngineConfig,
@@ -35,7 +37,6 @@ from orchestrator.core import (
     create_executor,
     load_engine_config,
 )
-from plugins.sim_executor import CostModel, SimExecutorConfig
 
 # (new tokens, cached positions) per request of each measured step.
 SHAPES: dict[str, list[tuple[int, int]]] = {
@@ -231,6 +232,9 @@ def torch_engine(config_path: str | None) -> EngineConfig:
         if config_path
         else EngineConfig(executor=ExecutorSpec(type="torch"))
     )
+    # A check of the config, not of an executor: calibration reads the torch executor's
+    # own options (its dtype) and needs the model's dimensions, which only a torch config
+    # names; ExecutorInfo carries neither.
     if engine.executor.type != "torch":
         raise ValueError(f"calibration runs the torch executor, not {engine.executor.type!r}")
     return engine
@@ -322,7 +326,7 @@ def write_profiles(
         f"{dtype}\n# (FLOP rates are for that dtype).\n"
         + yaml.safe_dump(hardware.model_dump(), sort_keys=False)
     )
-    sim_options = SimExecutorConfig(
+    sim_options = Deployment(
         model=spec_name,
         hardware=str(hw_path.resolve()),
         weight_dtype=dtype,

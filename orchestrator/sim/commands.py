@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from orchestrator.common.deployment import Deployment
 from orchestrator.common.workloads import FixedLength, PoissonArrivals, WorkloadConfig
 from orchestrator.core import EngineConfig, ExecutorSpec, ModelConfig
 from orchestrator.sim.config import ClusterConfig, SimConfig, SLOConfig, load_sim_config
@@ -29,7 +30,6 @@ from orchestrator.sim.tune import (
 from orchestrator.sim.tune import (
     tune as tune_grid,
 )
-from plugins.sim_executor import SimExecutorConfig
 
 
 def _override(config: SimConfig, args: argparse.Namespace) -> SimConfig:
@@ -143,9 +143,22 @@ def _trials_table(trials: list[Trial]) -> Table:
 
 def _plan_config(args: argparse.Namespace) -> SimConfig:
     kv_dtype = args.kv_dtype or args.dtype
-    options = SimExecutorConfig(
-        model=args.model, hardware=args.hardware, weight_dtype=args.dtype, kv_dtype=kv_dtype
+    chosen = {
+        "model": args.model,
+        "hardware": args.hardware,
+        "weight_dtype": args.dtype,
+        "kv_dtype": kv_dtype,
+    }
+    base = load_sim_config(args.config) if args.config else None
+    # A --config deployment's runtime figures (KV fraction, runtime reserve, overheads)
+    # describe the same serving stack, so they stay; the flags choose model, GPU and
+    # precision, and the planner each TP width.
+    inherited = (
+        base.engine.executor.options.model_dump(exclude={"tp"})
+        if base is not None and isinstance(base.engine.executor.options, Deployment)
+        else {}
     )
+    options = Deployment.model_validate({**inherited, **chosen})
     workload = WorkloadConfig(
         arrival=PoissonArrivals(rate=args.rate),
         num_requests=args.num_requests,
@@ -153,15 +166,19 @@ def _plan_config(args: argparse.Namespace) -> SimConfig:
         output_len=FixedLength(value=args.output_len),
     )
     slo = SLOConfig(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms)
-    if args.config:
-        base = load_sim_config(args.config)
+    router = getattr(args, "router", None)
+    if base is not None:
         engine = base.engine.model_copy(
             update={"executor": ExecutorSpec(type="sim", options=options)}
         )
-        return SimConfig(engine=engine, workload=workload, cluster=base.cluster, slo=slo)
+        cluster = base.cluster
+        if router is not None:
+            cluster = ClusterConfig(replicas=cluster.replicas, router=router)
+        return SimConfig(engine=engine, workload=workload, cluster=cluster, slo=slo)
     model = ModelConfig(name=options.model_spec().name, source=args.model)
     engine = EngineConfig(model=model, executor=ExecutorSpec(type="sim", options=options))
-    return SimConfig(engine=engine, workload=workload, cluster=ClusterConfig(), slo=slo)
+    cluster = ClusterConfig() if router is None else ClusterConfig(router=router)
+    return SimConfig(engine=engine, workload=workload, cluster=cluster, slo=slo)
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -176,10 +193,13 @@ def plan(args: argparse.Namespace) -> int:
             progress.update(task, description=f"tp={p.tp} x {p.replicas} replicas")
 
         best, plans = plan_capacity(config, args.tp, args.attainment, args.max_replicas, seen)
-    block = config.engine.cache.block_size
     context = args.context_len or args.input_len + args.output_len
-    console.print(_memory_table(plans, context, block))
+    console.print(_memory_table(plans, context))
     console.print(_plan_table(plans))
+    # Reasons are sentences; printed whole, they stay readable (and greppable).
+    for p in plans:
+        if p.skipped is not None:
+            console.print(f"tp={p.tp} skipped: {p.skipped}", soft_wrap=True, highlight=False)
     if best is None:
         console.print(
             f"no cluster of up to {args.max_replicas} replicas holds the SLO for "
@@ -195,22 +215,32 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _memory_table(plans: list[TPPlan], context: int, block: int) -> Table:
+def _memory_table(plans: list[TPPlan], context: int) -> Table:
     table = Table(title=f"KV memory plan per replica, context {context} tokens")
-    for col in ("tp", "weights GB/GPU", "KV GB/GPU", "KV B/token/GPU", "KV tokens", "max seqs"):
+    columns = (
+        "tp",
+        "weights GB/GPU",
+        "workspace GB/GPU",
+        "KV GB/GPU",
+        "KV B/token/GPU",
+        "KV tokens",
+        "max seqs",
+    )
+    for col in columns:
         table.add_column(col, justify="right")
     for p in plans:
         m = p.memory
         if m is None:
-            table.add_row(str(p.tp), p.skipped or "-", *[""] * 4)
+            table.add_row(str(p.tp), "skipped", *[""] * (len(columns) - 2))
             continue
         table.add_row(
             str(p.tp),
             f"{m.weight_bytes / 1e9:.1f}",
-            f"{m.kv_bytes / 1e9:.1f}",
-            f"{m.kv_bytes_per_token:,.0f}",
+            f"{m.workspace_bytes / 1e9:.1f}",
+            f"{m.kv_pool_bytes / 1e9:.1f}",
+            f"{m.kv_bytes_per_token:,}",
             f"{m.kv_tokens:,}",
-            f"{m.max_sequences(context, block):,}",
+            f"{m.sequences_at(context):,}",
         )
     return table
 
@@ -221,7 +251,8 @@ def _plan_table(plans: list[TPPlan]) -> Table:
         table.add_column(col, justify="right")
     for p in plans:
         if p.best is None:
-            table.add_row(str(p.tp), p.skipped or "none within the limit", *[""] * 5)
+            reason = "skipped" if p.skipped else "none within the limit"
+            table.add_row(str(p.tp), reason, *[""] * 5)
             continue
         s = p.best.result.report.summary
         table.add_row(

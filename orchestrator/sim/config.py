@@ -16,11 +16,11 @@ from orchestrator.common.metrics import SLO
 from orchestrator.common.workloads import WorkloadConfig
 from orchestrator.core import EngineConfig, StrictModel, load_yaml
 
-RouterName = Literal["round_robin", "least_outstanding_tokens"]
+RouterName = Literal["round_robin", "least_outstanding_tokens", "prefix_aware"]
 
 
 class ClusterConfig(StrictModel):
-    """``replicas`` identical engines (each of the executor's ``tp`` GPUs) behind one
+    """``replicas`` identical engines (each of ``ExecutorInfo.num_gpus`` GPUs) behind one
     router."""
 
     replicas: int = Field(1, ge=1)

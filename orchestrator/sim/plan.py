@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from orchestrator.core import ExecutorSpec, format_errors
+from orchestrator.common.capacity import CapacityPlan
+from orchestrator.common.deployment import Deployment, DoesNotFitError
+from orchestrator.core import format_errors
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.runner import SimResult, ceiling_rate, meets, run_simulation
-from plugins.sim_executor import DoesNotFitError, MemoryPlan, SimExecutorConfig, memory_plan
 
 
 @dataclass(frozen=True)
@@ -36,38 +37,36 @@ class TPPlan:
     holds the SLO (``None`` if none up to the replica limit did)."""
 
     tp: int
-    memory: MemoryPlan | None
+    memory: CapacityPlan | None
     skipped: str | None
     best: Probe | None
     probes: list[Probe]
 
 
 def with_tp(config: SimConfig, tp: int) -> SimConfig:
-    """``config`` with its sim executor at tensor-parallel width ``tp``; raises
+    """``config`` with its simulated deployment at tensor-parallel width ``tp``; raises
     ``ValueError`` with the reason when the model cannot be split that way."""
-    options = config.engine.executor.options
-    if not isinstance(options, SimExecutorConfig):
-        raise ValueError(f"planning needs the sim executor, not {config.engine.executor.type!r}")
+    spec = config.engine.executor
+    if not isinstance(spec.options, Deployment):
+        raise ValueError(
+            "planning needs a simulated deployment (executor: {type: sim, ...}), not the "
+            f"{spec.type!r} executor"
+        )
     try:
-        new = SimExecutorConfig.model_validate({**options.model_dump(), "tp": tp})
+        new = Deployment.model_validate({**spec.options.model_dump(), "tp": tp})
     except ValidationError as err:
         raise ValueError(format_errors(err)) from None
-    engine = config.engine.model_copy(update={"executor": ExecutorSpec(type="sim", options=new)})
+    executor = spec.model_copy(update={"options": new})
+    engine = config.engine.model_copy(update={"executor": executor})
     return config.model_copy(update={"engine": engine})
 
 
-def tp_memory(config: SimConfig) -> MemoryPlan:
-    """The KV memory plan of one replica of ``config`` (raises ``DoesNotFitError``)."""
-    o = config.engine.executor.options
-    assert isinstance(o, SimExecutorConfig)
-    return memory_plan(
-        o.model_spec(),
-        o.gpu_spec(),
-        weight_dtype=o.weight_dtype,
-        kv_dtype=o.kv_dtype,
-        tp=o.tp,
-        kv_memory_fraction=o.kv_memory_fraction,
-    )
+def tp_memory(config: SimConfig) -> CapacityPlan:
+    """The per-GPU capacity plan of one replica of ``config`` (a ``with_tp`` result),
+    its workspace sized for the engine's scheduler limits; raises ``DoesNotFitError``."""
+    options = config.engine.executor.options
+    assert isinstance(options, Deployment)  # with_tp checked it
+    return options.capacity(config.engine.scheduler, config.engine.cache.block_size)
 
 
 def _with_replicas(config: SimConfig, replicas: int) -> SimConfig:

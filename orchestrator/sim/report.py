@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.common.deployment import Deployment
 from orchestrator.common.metrics import PERCENTILES, SLO, Summary, summarize
 from orchestrator.common.workloads import Workload
-from orchestrator.core import EngineConfig, Executor
+from orchestrator.core import EngineConfig
 from orchestrator.sim.driver import SimRun
-from plugins.sim_executor import SimExecutor
 
 CAUSES = ("weights", "kv", "compute", "comms", "overhead")
 
@@ -22,11 +22,13 @@ CAUSES = ("weights", "kv", "compute", "comms", "overhead")
 class SimReport:
     """A run in numbers.
 
+    ``num_gpus`` counts every replica's accelerators (``ExecutorInfo.num_gpus``);
+    ``kv_tokens_per_replica`` is the KV pool one replica runs with, in tokens.
     ``mean_batch_occupancy`` is requests per step weighted by step time;
     ``kv_usage_mean``/``kv_usage_peak`` are fractions of the KV blocks held by live
     requests. ``ceiling_tokens_per_s`` is the roofline's output tokens/s of all
     replicas decoding full batches of this workload, and ``utilisation`` the achieved
-    output throughput over it (``None`` when the executor has no cost model).
+    output throughput over it (``None`` unless the engine is a simulated deployment).
     ``time_by_cause`` splits busy step time into weights, kv, compute, comms and
     overhead (fractions; empty without a cost model).
     """
@@ -34,6 +36,7 @@ class SimReport:
     summary: Summary
     replicas: int
     num_gpus: int
+    kv_tokens_per_replica: int
     max_batch_size: int
     offered_rate: float | None
     mean_batch_occupancy: float
@@ -47,15 +50,11 @@ class SimReport:
     wall_time_s: float
 
 
-def gpus_per_replica(engine: EngineConfig) -> int:
-    """Tensor-parallel width of a simulated replica; 1 for any other executor."""
-    options = engine.executor.options
-    return int(getattr(options, "tp", 1)) if engine.executor.type == "sim" else 1
-
-
 def build_report(run: SimRun, engine: EngineConfig, workload: Workload, slo: SLO) -> SimReport:
     replicas = len(run.replicas)
-    num_gpus = replicas * gpus_per_replica(engine)
+    # Replicas are identical (one engine config), so the first speaks for all.
+    first = run.replicas[0].core
+    num_gpus = replicas * first.info.num_gpus
     summary = summarize(run.records, run.end_time, slo, num_gpus)
 
     busy = seqs = kv_area = 0.0
@@ -69,12 +68,13 @@ def build_report(run: SimRun, engine: EngineConfig, workload: Workload, slo: SLO
         kv_peak = max(kv_peak, max(tr.kv_usage, default=0.0))
         causes = [a + b for a, b in zip(causes, replica.time_by_cause, strict=True)]
 
-    ceiling = throughput_ceiling(engine, run.replicas[0].core.executor, workload, replicas)
+    ceiling = throughput_ceiling(engine, workload, replicas)
     total_cause = sum(causes)
     return SimReport(
         summary=summary,
         replicas=replicas,
         num_gpus=num_gpus,
+        kv_tokens_per_replica=first.stats().kv_blocks_total * engine.cache.block_size,
         max_batch_size=engine.scheduler.max_batch_size,
         offered_rate=workload.offered_rate,
         mean_batch_occupancy=seqs / busy if busy else 0.0,
@@ -91,18 +91,24 @@ def build_report(run: SimRun, engine: EngineConfig, workload: Workload, slo: SLO
     )
 
 
-def throughput_ceiling(
-    engine: EngineConfig, executor: Executor, workload: Workload, replicas: int
-) -> float | None:
+def throughput_ceiling(engine: EngineConfig, workload: Workload, replicas: int) -> float | None:
     """Output tokens/s of ``replicas`` engines decoding full batches of this workload's
-    mean request on the roofline; ``None`` unless ``executor`` is the sim executor."""
-    if not isinstance(executor, SimExecutor) or not workload.requests:
+    mean request on the roofline; ``None`` unless ``engine``'s executor options are a
+    simulated ``Deployment`` (or the workload is empty).
+
+    The ceiling is a property of the deployment (its capacity plan and cost model, both
+    in ``orchestrator/common``), not of a running executor, so it is computed from the
+    config: the report needs no executor internals, and a rate search can bound its
+    rates before anything runs. An executor configured by any other record has no
+    roofline to compare against.
+    """
+    options = engine.executor.options
+    if not isinstance(options, Deployment) or not workload.requests:
         return None
     n = len(workload.requests)
     prompt = sum(r.prompt_len for r in workload.requests) / n
     output = sum(r.output_len for r in workload.requests) / n
-    per_replica = executor.throughput_ceiling(engine.scheduler.max_batch_size, prompt, output)
-    return per_replica * replicas
+    return options.decode_ceiling(engine.scheduler, engine.cache, prompt, output) * replicas
 
 
 def _ms(seconds: float) -> str:
@@ -142,6 +148,7 @@ def totals_table(report: SimReport) -> Table:
     rows = [
         ("requests (completed / errors)", f"{s.num_completed:,} / {s.num_errors:,}"),
         ("replicas x GPUs", f"{report.replicas} x {report.num_gpus // report.replicas}"),
+        ("KV tokens per replica", f"{report.kv_tokens_per_replica:,}"),
         (
             "offered rate (req/s)",
             "-" if report.offered_rate is None else f"{report.offered_rate:.2f}",

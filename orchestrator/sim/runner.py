@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.common.workloads import Workload, build_workload
-from orchestrator.core import create_executor
 from orchestrator.sim.config import SimConfig
 from orchestrator.sim.driver import SimRun, simulate
 from orchestrator.sim.report import SimReport, build_report, throughput_ceiling
@@ -40,11 +39,11 @@ def at_rate(config: SimConfig, rate: float) -> SimConfig:
 def ceiling_rate(config: SimConfig) -> float:
     """Requests/s at the roofline ceiling of the cluster: no schedule sustains more."""
     workload = build_workload(config.workload)
-    executor = create_executor(config.engine)
-    ceiling = throughput_ceiling(config.engine, executor, workload, config.cluster.replicas)
+    ceiling = throughput_ceiling(config.engine, workload, config.cluster.replicas)
     if ceiling is None:
         raise ValueError(
-            f"a rate search needs the sim executor, not {config.engine.executor.type!r}"
+            "a rate search needs a simulated deployment (executor: {type: sim, ...}), not "
+            f"the {config.engine.executor.type!r} executor"
         )
     mean_output = sum(r.output_len for r in workload.requests) / len(workload.requests)
     return ceiling / mean_output

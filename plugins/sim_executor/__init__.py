@@ -1,17 +1,10 @@
-"""Roofline simulator of a GPU deployment: executor type ``sim``."""
+"""Roofline simulator of a GPU deployment: executor type ``sim``.
 
-from orchestrator.core import StepCost
-from plugins.sim_executor.config import SimExecutorConfig
-from plugins.sim_executor.cost_model import CostModel
+The deployment record, the cost model and the capacity model live in
+``orchestrator/common/`` (the simulator's planner and report share them); this package
+is only the executor.
+"""
+
 from plugins.sim_executor.executor import SimExecutor
-from plugins.sim_executor.memory import DoesNotFitError, MemoryPlan, memory_plan
 
-__all__ = [
-    "CostModel",
-    "DoesNotFitError",
-    "MemoryPlan",
-    "SimExecutor",
-    "SimExecutorConfig",
-    "StepCost",
-    "memory_plan",
-]
+__all__ = ["SimExecutor"]

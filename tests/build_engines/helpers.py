@@ -29,7 +29,7 @@ TOOLCHAIN = Toolchain(python="python", examples_dir=Path("examples"))
 
 def base_spec_data() -> dict[str, Any]:
     """Llama-3-70B FP8 TP2 on H100, sized so that no rule fires (48 sequences fit at
-    max_seq_len 8192; 53 would)."""
+    max_seq_len 8192; 54 would)."""
     return {
         "name": "test-70b",
         "backend": "engine",

@@ -1,8 +1,16 @@
-"""The memory plan against numbers worked out by hand."""
+"""The build's capacity plan against numbers worked out by hand.
+
+The accounting is the shared one (orchestrator/common/capacity.py): embedding and LM head
+split over TP (ModelOpt exports with ``use_parallel_embedding``), full-vocabulary FP32
+logits per sequence, KV blocks rounded up from whole tokens as TensorRT-LLM does.
+"""
 
 from __future__ import annotations
 
-from build_engines.memory import kv_bytes_per_token_per_gpu, plan_memory, weight_bytes_per_gpu
+import pytest
+
+from build_engines.memory import build_capacity, expected_capacity, plan_memory
+from orchestrator.common.capacity import kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 from orchestrator.common.specs import load_gpu_spec, load_model_spec
 from tests.build_engines.helpers import make_spec
 
@@ -23,10 +31,10 @@ def test_llama3_70b_fp8_tp2_on_h100() -> None:
     #   total                                           = 855,638,016
     # FP8 (1 byte), split over TP=2: 80 x 855,638,016 / 2  = 34,225,520,640
     # Norms in BF16 (2 bytes), replicated: (80 x 2 x 8192 + 8192) x 2 =   2,637,824
-    # Embedding 128256 x 8192 in BF16, replicated: x 2             =  2,101,346,304
-    # LM head 128256 x 8192 in BF16, split over TP=2: x 2 / 2       =  1,050,673,152
-    # Weights per GPU                                               = 37,380,177,920
-    assert m.weight_bytes == 37_380_177_920
+    # Embedding in BF16, split over TP=2: (128256 / 2) x 8192 x 2      =  1,050,673,152
+    # LM head in BF16, split over TP=2:   (128256 / 2) x 8192 x 2      =  1,050,673,152
+    # Weights per GPU                                                  = 36,329,504,768
+    assert m.weight_bytes == 36_329_504_768
 
     # KV per token per GPU: 80 layers x 2 (K, V) x 8 KV heads x 128 x 1 byte / 2 = 81,920
     assert m.kv_bytes_per_token == 81_920
@@ -35,26 +43,26 @@ def test_llama3_70b_fp8_tp2_on_h100() -> None:
     #   reserve                                                 2,000,000,000
     #   activations: 8192 tokens x 2 B x (2 x 8192 + 2 x 28672 / 2)
     #              = 8192 x 2 x 45,056                      =   738,197,504
-    #   logits: 128 sequences x (128256 / 2) x 4 B (FP32)    =    32,833,536
-    #   total                                                = 2,771,031,040
+    #   logits: 128 sequences x 128256 (whole vocab) x 4 B   =    65,667,072
+    #   total                                                = 2,803,864,576
     assert m.activation_bytes == 738_197_504
-    assert m.logits_bytes == 32_833_536
-    assert m.workspace_bytes == 2_771_031_040
+    assert m.logits_bytes == 65_667_072
+    assert m.workspace_bytes == 2_803_864_576
 
-    # Free: 80,000,000,000 - 37,380,177,920 - 2,771,031,040 = 39,848,791,040
-    assert m.free_after_weights_bytes == 39_848_791_040
-    # KV cache: 0.9 x 39,848,791,040 = 35,863,911,936
-    assert m.kv_pool_bytes == 35_863_911_936
-    # Block: 32 tokens x 81,920 = 2,621,440 bytes; 35,863,911,936 // 2,621,440 = 13,680
-    # (13,680 x 2,621,440 = 35,861,299,200; the remaining 2,612,736 is under one block)
+    # Free: 80,000,000,000 - 36,329,504,768 - 2,803,864,576 = 40,866,630,656
+    assert m.free_after_weights_bytes == 40_866_630_656
+    # KV cache: floor(0.9 x 40,866,630,656) = floor(36,779,967,590.4) = 36,779,967,590
+    assert m.kv_pool_bytes == 36_779_967_590
+    # Whole tokens: 36,779,967,590 // 81,920 = 448,974 (448,974 x 81,920 = 36,779,950,080)
+    # Blocks, rounded up: ceil(448,974 / 32) = 14,031 (14,030 x 32 = 448,960, 14 left over)
     assert m.block_bytes == 2_621_440
-    assert m.kv_blocks == 13_680
-    # 13,680 blocks x 32 tokens = 437,760 tokens
-    assert m.kv_tokens == 437_760
-    # max_seq_len 8192 = 256 blocks: 13,680 // 256 = 53 sequences
-    assert m.sequences_at_max_seq_len == 53
-    # typical context 2048 = 64 blocks: 13,680 // 64 = 213 sequences
-    assert m.sequences_at_typical_context == 213
+    assert m.kv_blocks == 14_031
+    # 14,031 blocks x 32 tokens = 448,992 tokens
+    assert m.kv_tokens == 448_992
+    # max_seq_len 8192 = 256 blocks: 14,031 // 256 = 54 sequences
+    assert m.sequences_at_max_seq_len == 54
+    # typical context 2048 = 64 blocks: 14,031 // 64 = 219 sequences
+    assert m.sequences_at_typical_context == 219
 
 
 def test_partial_block_rounds_up() -> None:
@@ -63,30 +71,48 @@ def test_partial_block_rounds_up() -> None:
 
 
 def test_int8_kv_is_one_byte_like_fp8() -> None:
-    fp8 = kv_bytes_per_token_per_gpu(LLAMA3_70B, make_spec())
-    int8 = kv_bytes_per_token_per_gpu(LLAMA3_70B, make_spec({"quantization": {"kv_cache": "int8"}}))
-    bf16 = kv_bytes_per_token_per_gpu(LLAMA3_70B, make_spec({"quantization": {"kv_cache": "bf16"}}))
-    assert int8 == fp8 == 81_920
-    assert bf16 == 2 * fp8
+    def per_token(kv: str) -> int:
+        spec = make_spec({"quantization": {"kv_cache": kv}})
+        return plan_memory(spec, LLAMA3_70B, H100).kv_bytes_per_token
+
+    assert per_token("int8") == per_token("fp8") == 81_920
+    assert per_token("bf16") == 2 * per_token("fp8")
 
 
 def test_tp_above_kv_heads_keeps_one_head_per_rank() -> None:
     # 8 KV heads over TP=16: each rank holds one head, not half of one.
     # 80 layers x 2 x 1 head x 128 x 1 byte = 20,480
-    spec = make_spec({"parallelism": {"tp": 16}})
-    assert kv_bytes_per_token_per_gpu(LLAMA3_70B, spec) == 20_480
+    assert kv_bytes_per_token_per_gpu(LLAMA3_70B, kv_dtype="fp8", tp=16) == 20_480
 
 
 def test_pipeline_parallel_splits_layers() -> None:
     # PP=2 puts 40 of the 80 layers on a rank: half the KV per token of PP=1 at the same TP.
-    pp1 = make_spec()
-    pp2 = make_spec({"parallelism": {"pp": 2}})
-    assert kv_bytes_per_token_per_gpu(LLAMA3_70B, pp2) == 40_960
-    # The linear layers halve; embedding, LM head and the final norm do not.
+    assert kv_bytes_per_token_per_gpu(LLAMA3_70B, kv_dtype="fp8", tp=2, pp=2) == 40_960
+
+    def weights(pp: int) -> int:
+        return weight_bytes_per_gpu(
+            LLAMA3_70B, weight_dtype="fp8", activation_dtype="bf16", tp=2, pp=pp
+        )
+
+    # The linear layers and their norms halve; embedding, LM head and final norm do not.
     linear_half = 80 * 855_638_016 // 2 // 2
     norms_half = 40 * 2 * 8192 * 2
-    assert weight_bytes_per_gpu(LLAMA3_70B, pp1) - weight_bytes_per_gpu(LLAMA3_70B, pp2) == (
-        linear_half + norms_half
+    assert weights(1) - weights(2) == linear_half + norms_half
+
+
+def test_a_tied_lm_head_shares_the_embedding_table_without_pp() -> None:
+    tied = LLAMA3_70B.model_copy(update={"tie_word_embeddings": True})
+
+    def weights(pp: int) -> int:
+        return weight_bytes_per_gpu(tied, weight_dtype="fp8", activation_dtype="bf16", tp=2, pp=pp)
+
+    table = 128256 // 2 * 8192 * 2  # one BF16 table, split over TP=2
+    untied = weight_bytes_per_gpu(LLAMA3_70B, weight_dtype="fp8", activation_dtype="bf16", tp=2)
+    assert untied - weights(1) == table
+    # With PP the embedding and the LM head live on different ranks; the fullest-rank
+    # bound counts both.
+    assert weights(2) == weight_bytes_per_gpu(
+        LLAMA3_70B, weight_dtype="fp8", activation_dtype="bf16", tp=2, pp=2
     )
 
 
@@ -102,5 +128,22 @@ def test_fraction_scales_the_pool() -> None:
 def test_pool_is_zero_when_weights_do_not_fit() -> None:
     spec = make_spec({"parallelism": {"tp": 1}, "quantization": {"weights": "bf16"}})
     m = plan_memory(spec, LLAMA3_70B, H100)
-    assert m.free_after_weights_bytes < 0
+    assert m.free_after_weights_bytes < 0 and not m.fits
     assert m.kv_pool_bytes == 0 and m.kv_blocks == 0
+
+
+def test_expected_capacity_reads_a_manifest_spec_and_takes_the_run_time_fraction() -> None:
+    spec = make_spec({"limits": {"max_batch_size": 128}})
+    recorded = spec.model_dump(mode="json")
+    assert expected_capacity(recorded) == build_capacity(spec, LLAMA3_70B, H100)
+    assert expected_capacity(recorded).kv_tokens == 448_992
+    lower = expected_capacity(recorded, kv_memory_fraction=0.5)
+    assert lower.kv_pool_bytes == 40_866_630_656 // 2
+    assert lower.kv_blocks < expected_capacity(recorded).kv_blocks
+
+
+def test_expected_capacity_names_an_unknown_gpu() -> None:
+    recorded = make_spec().model_dump(mode="json")
+    recorded["target"]["gpu"] = "tpu-v9"
+    with pytest.raises(ValueError, match="unknown hardware spec 'tpu-v9'"):
+        expected_capacity(recorded)

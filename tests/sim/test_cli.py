@@ -149,3 +149,20 @@ def test_the_main_entry_point_dispatches_to_the_simulator(
     argv = ["simulate", "--config", str(small_config), "--num-requests", "10"]
     assert orchestrator.cli.main(argv) == 0
     assert "Latency (ms)" in capsys.readouterr().out
+
+
+def test_plan_keeps_the_config_deployments_runtime_options(tmp_path: Path) -> None:
+    from orchestrator.sim import commands
+
+    data = yaml.safe_load(SHIPPED.read_text())
+    data["engine"]["executor"].update(runtime_reserve_bytes=5_000_000_000, kv_memory_fraction=0.5)
+    path = tmp_path / "reserve.yaml"
+    path.write_text(yaml.safe_dump(data))
+    parser = argparse.ArgumentParser(prog="orchestrator")
+    cli.register(parser.add_subparsers(dest="command", required=True))
+    argv = ["plan", "--config", str(path), "--model", "llama3-8b", "--hardware", "h100-sxm"]
+    config = commands._plan_config(parser.parse_args([*argv, "--rate", "1", "--slo-ttft-ms", "9"]))
+    options = config.engine.executor.options
+    assert (options.model, options.weight_dtype, options.tp) == ("llama3-8b", "bf16", 1)
+    assert (options.runtime_reserve_bytes, options.kv_memory_fraction) == (5_000_000_000, 0.5)
+    assert config.engine.cache.block_size == 32

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.common.cost_model import CostModel
 from orchestrator.common.specs import GPUSpec, load_gpu_spec, load_model_spec
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput
 from orchestrator.core.request import SamplingParams
-from plugins.sim_executor import CostModel
 
 LLAMA_70B = load_model_spec("llama3-70b")
 H100 = load_gpu_spec("h100-sxm")

@@ -197,7 +197,7 @@ def test_static_and_unchunked_modes_run_every_request_to_completion() -> None:
         prompt_len=UniformLength(low=10, high=400),
         output_len=UniformLength(low=1, high=50),
     )
-    for scheduler in ({"mode": "static", "max_batch_size": 8}, {"chunked_prefill": False}):
+    for scheduler in ({"batching": "static", "max_batch_size": 8}, {"batching": "prefill_first"}):
         run = simulate(sim_engine(**scheduler), build_workload(config), RoundRobinRouter())
         assert sum(r.ok for r in run.records) == 40, scheduler
 

@@ -9,7 +9,7 @@ from orchestrator.common.metrics import SLO
 from orchestrator.common.workloads import RequestSpec, Workload
 from orchestrator.core.config import EngineConfig
 from orchestrator.sim.driver import simulate
-from orchestrator.sim.report import build_report, print_report
+from orchestrator.sim.report import build_report, print_report, throughput_ceiling
 from orchestrator.sim.router import LeastOutstandingTokensRouter, RoundRobinRouter
 
 ENGINE = EngineConfig.model_validate(
@@ -86,3 +86,25 @@ def test_printed_report_has_the_latency_rows_and_capacity_figures() -> None:
         assert row in text
     assert "TTFT < 500 ms, TPOT < 80 ms" in text
     assert f"{report.summary.output_throughput:,.0f}" in text
+
+
+def test_gpus_and_kv_tokens_come_from_the_engine_not_the_config() -> None:
+    workload = burst(2)
+    run = simulate(ENGINE, workload, RoundRobinRouter(), replicas=2)
+    report = build_report(run, ENGINE, workload, SLO())
+    info = run.replicas[0].core.info
+    assert report.num_gpus == 2 * info.num_gpus == 4
+    assert report.kv_tokens_per_replica == info.num_kv_blocks * info.block_size
+    pinned = ENGINE.model_copy(
+        update={"cache": ENGINE.cache.model_copy(update={"num_blocks": 1000})}
+    )
+    run = simulate(pinned, workload, RoundRobinRouter())
+    assert build_report(run, pinned, workload, SLO()).kv_tokens_per_replica == 1000 * 16
+
+
+def test_the_ceiling_needs_a_simulated_deployment() -> None:
+    workload = burst(4)
+    assert throughput_ceiling(ENGINE, workload, 1) is not None
+    other = EngineConfig.model_validate({"executor": {"type": "torch"}})
+    assert throughput_ceiling(other, workload, 1) is None
+    assert throughput_ceiling(ENGINE, Workload([]), 1) is None

@@ -1,4 +1,5 @@
-"""The ``sim`` executor: config validation, KV capacity from memory, and its steps."""
+"""The ``sim`` executor: config validation, KV capacity from the capacity model, and its
+steps."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import math
 
 import pytest
 
+from orchestrator.common.capacity import DEFAULT_RUNTIME_RESERVE_BYTES
+from orchestrator.common.deployment import Deployment, DoesNotFitError
 from orchestrator.common.specs import load_gpu_spec, load_model_spec
-from orchestrator.core.config import ConfigError, EngineConfig, load_engine_config
+from orchestrator.core.config import ConfigError, EngineConfig, SchedulerConfig, load_engine_config
 from orchestrator.core.executor import Executor, create_executor
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput
 from orchestrator.core.request import SamplingParams
-from plugins.sim_executor import DoesNotFitError, SimExecutor, memory_plan
+from plugins.sim_executor import SimExecutor
 
 LLAMA_70B = load_model_spec("llama3-70b")
 H100 = load_gpu_spec("h100-sxm")
@@ -42,6 +45,7 @@ def test_yaml_executor_section_builds_a_sim_executor(tmp_path) -> None:  # type:
         ({"tp": 3}, "tp=3 does not divide the 64 attention heads"),
         ({"weight_dtype": "int4"}, "weight_dtype"),
         ({"kv_memory_fraction": 0}, "kv_memory_fraction"),
+        ({"runtime_reserve_bytes": -1}, "runtime_reserve_bytes"),
         ({"bogus": 1}, "bogus: unknown key"),
     ],
 )
@@ -56,41 +60,46 @@ def test_bad_options_are_rejected_naming_the_key(
         load_engine_config(path)
 
 
-def test_kv_capacity_is_the_memory_left_after_weights_in_blocks() -> None:
-    executor = create_executor(
-        engine(model="llama3-70b", weight_dtype="fp8", kv_dtype="fp8", tp=2, kv_memory_fraction=0.9)
-    )
-    weights_per_gpu = LLAMA_70B.num_params / 2  # fp8: one byte per parameter
-    kv_per_gpu = (H100.memory_bytes - weights_per_gpu) * 0.9
-    per_token = 80 * 2 * 8 * 128 / 2
-    assert executor.info().num_kv_blocks == int(kv_per_gpu // per_token) // 16
+def test_kv_capacity_is_the_capacity_plan_for_the_engines_limits() -> None:
+    config = engine(model="llama3-70b", weight_dtype="fp8", kv_dtype="fp8", tp=2)
+    executor = create_executor(config)
+    options = config.executor.options
+    assert isinstance(options, Deployment)
+    plan = options.capacity(config.scheduler, config.cache.block_size)
+    assert executor.info().num_kv_blocks == plan.kv_blocks
+    assert executor.info().block_size == config.cache.block_size == 16
+    assert executor.info().num_gpus == 2
+    # A larger step needs more activation workspace, which leaves fewer KV blocks.
+    wide = config.model_copy(update={"scheduler": SchedulerConfig(max_num_tokens=16384)})
+    assert create_executor(wide).info().num_kv_blocks < plan.kv_blocks
+
+
+def test_the_runtime_reserve_defaults_to_the_builders_and_comes_out_of_the_kv_pool() -> None:
+    from build_engines.spec import MemorySection
+
+    assert Deployment().runtime_reserve_bytes == DEFAULT_RUNTIME_RESERVE_BYTES
+    assert MemorySection().runtime_reserve_bytes == DEFAULT_RUNTIME_RESERVE_BYTES
+    base = dict(model="llama3-70b", weight_dtype="fp8", kv_dtype="fp8", tp=2)
+    default = create_executor(engine(**base)).info().num_kv_blocks
+    spare = create_executor(engine(**base, runtime_reserve_bytes=0)).info().num_kv_blocks
+    # 0.9 of the 2 GB reserve, in blocks of 16 tokens x 81,920 bytes.
+    assert spare - default == pytest.approx(0.9 * 2e9 / (16 * 81_920), abs=1)
 
 
 def test_weights_that_do_not_fit_fail_at_construction_with_the_sizes() -> None:
-    with pytest.raises(DoesNotFitError, match=r"141\.1 GB per GPU at tp=1.*80 GB of H100-SXM"):
+    with pytest.raises(
+        DoesNotFitError, match=r"141\.1 GB of weights and .* per GPU at tp=1.*80 GB of H100-SXM"
+    ):
         create_executor(engine(model="llama3-70b", weight_dtype="bf16"))
 
 
-def test_memory_plan_max_sequences_rounds_each_to_whole_blocks() -> None:
-    plan = memory_plan(
-        LLAMA_70B, H100, weight_dtype="fp8", kv_dtype="fp8", tp=2, kv_memory_fraction=0.9
-    )
-    blocks = plan.kv_tokens // 16
-    assert plan.max_sequences(4096, 16) == blocks // 256
-    assert plan.max_sequences(4097, 16) == blocks // 257
-    assert plan.kv_blocks(16) == blocks
-
-
-def test_kv_heads_repeat_beyond_their_count_under_wide_tp() -> None:
-    def per_gpu(tp: int) -> float:
-        plan = memory_plan(
-            LLAMA_70B, H100, weight_dtype="fp8", kv_dtype="fp8", tp=tp, kv_memory_fraction=1
+def test_workspace_alone_can_make_a_deployment_not_fit() -> None:
+    # FP8 70B at tp=1 leaves about 7 GB beside its 72.7 GB of weights; an 8 GB reserve
+    # takes all of it.
+    with pytest.raises(DoesNotFitError, match="of workspace per GPU at tp=1"):
+        create_executor(
+            engine(model="llama3-70b", weight_dtype="fp8", runtime_reserve_bytes=8_000_000_000)
         )
-        return plan.kv_bytes_per_token
-
-    whole = LLAMA_70B.kv_bytes_per_token("fp8")
-    assert per_gpu(8) == whole / 8  # one KV head per rank
-    assert per_gpu(16) == whole / 8  # 16 ranks share 8 heads: each holds one, repeated
 
 
 def _plan(*entries: tuple[str, int, int, bool], stops: tuple[int, ...] = ()) -> SchedulerOutput:
@@ -137,12 +146,19 @@ def test_sampled_tokens_avoid_the_requests_stop_ids() -> None:
     assert avoided["a"] not in (natural, natural + 1)
 
 
-def test_throughput_ceiling_is_bounded_by_kv_capacity() -> None:
-    executor = create_executor(engine(model="llama3-70b", weight_dtype="fp8", kv_dtype="fp8"))
-    assert isinstance(executor, SimExecutor)
-    fits = executor.memory.max_sequences(8000, 16)
-    capped = executor.throughput_ceiling(10_000, 4000, 4000)
-    expected = executor.cost_model.decode_tokens_per_s(fits, 6000)
-    assert capped == pytest.approx(expected)
+def test_decode_ceiling_is_bounded_by_kv_capacity() -> None:
+    config = engine(model="llama3-70b", weight_dtype="fp8", kv_dtype="fp8", tp=2)
+    options = config.executor.options
+    assert isinstance(options, Deployment)
+    uncapped = SchedulerConfig(max_batch_size=10_000, max_num_tokens=10_000)
+    fits = options.capacity(uncapped, 16).sequences_at(8000)
+    capped = options.decode_ceiling(uncapped, config.cache, 4000, 4000)
+    assert capped == pytest.approx(options.cost_model().decode_tokens_per_s(fits, 6000))
     assert fits >= 2
-    assert executor.throughput_ceiling(fits - 1, 4000, 4000) < capped
+    fewer = SchedulerConfig(max_batch_size=fits - 1, max_num_tokens=10_000)
+    assert options.decode_ceiling(fewer, config.cache, 4000, 4000) < capped
+    # The engine's pool is cache.num_blocks where that is smaller, and so is the ceiling.
+    pinned = config.cache.model_copy(update={"num_blocks": 500})  # one 8,000-token sequence
+    assert options.decode_ceiling(uncapped, pinned, 4000, 4000) == pytest.approx(
+        options.cost_model().decode_tokens_per_s(1, 6000)
+    )

@@ -18,6 +18,7 @@ rates per second, and every figure is per GPU (each holds ``1/tp`` of the work).
 
 from __future__ import annotations
 
+from orchestrator.common.capacity import kv_bytes_per_token_per_gpu
 from orchestrator.common.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
 from orchestrator.core import SchedulerOutput, StepCost
 
@@ -85,8 +86,8 @@ class CostModel:
         self.attention_flops_per_pair = (
             4.0 * model.num_layers * model.num_heads * model.head_dim / tp
         )
-        # KV heads split across ranks until each rank holds one; beyond that they repeat.
-        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype, min(tp, model.num_kv_heads))
+        # What each GPU's attention reads per cached token: its share of the KV heads.
+        self.kv_bytes_per_token = kv_bytes_per_token_per_gpu(model, kv_dtype=kv_dtype, tp=tp)
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
             self.comms_s_per_token = (
