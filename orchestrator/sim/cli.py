@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core import ConfigError
+from orchestrator.sim.router import ROUTERS
+
+ROUTER_NAMES = list(ROUTERS)
 
 
 def _positive_int(text: str) -> int:
@@ -56,7 +59,7 @@ def register(subparsers: Any) -> None:
     sim.add_argument("--config", required=True, help="simulation YAML (configs/sim/)")
     _add_workload_args(sim)
     sim.add_argument("--replicas", type=_positive_int, help="engines behind the router")
-    sim.add_argument("--router", choices=["round_robin", "least_outstanding_tokens"])
+    sim.add_argument("--router", choices=ROUTER_NAMES, help="how arrivals pick a replica")
     _add_slo_args(sim)
     sim.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
     sim.add_argument(
@@ -103,6 +106,12 @@ def register(subparsers: Any) -> None:
     plan.add_argument("--attainment", type=_fraction, default=0.9, help="share of requests")
     plan.add_argument("--max-replicas", type=_positive_int, default=64)
     plan.add_argument("--config", help="simulation YAML for scheduler and cache settings")
+    plan.add_argument(
+        "--router",
+        choices=ROUTER_NAMES,
+        help="router in front of the replicas (default: the --config cluster's, else "
+        "least_outstanding_tokens)",
+    )
     plan.set_defaults(func=_plan)
 
     cal = subparsers.add_parser(

@@ -49,6 +49,15 @@ def synthetic_prompt(index: int, length: int) -> list[int]:
     return tokens
 
 
+def synthetic_prompt_of(spec: RequestSpec) -> list[int]:
+    """The default prompt of a request: ``synthetic_prompt(spec.index, spec.prompt_len)``."""
+    return synthetic_prompt(spec.index, spec.prompt_len)
+
+
+# The prompt token ids of a request; exactly ``spec.prompt_len`` of them.
+PromptFactory = Callable[[RequestSpec], Sequence[int]]
+
+
 @dataclass(slots=True)
 class StepTrace:
     """One replica's steps, in order: end time (s), duration (s), requests in the step,
@@ -71,6 +80,20 @@ class Replica:
     # Seconds by cause (weights, kv, compute, comms, overhead), when the executor
     # explains its steps (the sim executor's ``last_cost``).
     time_by_cause: list[float] = field(default_factory=lambda: [0.0] * 5)
+
+    # The gauges a replica exports on /metrics, which a router may read (router.Load).
+    @property
+    def num_waiting(self) -> int:
+        return self.core.stats().num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.core.stats().num_running
+
+    @property
+    def kv_usage(self) -> float:
+        stats = self.core.stats()
+        return stats.kv_blocks_used / stats.kv_blocks_total
 
 
 @dataclass(slots=True, eq=False)
@@ -113,6 +136,7 @@ class Simulation:
         clock: VirtualClock,
         workload: Workload,
         router: Router,
+        prompts: PromptFactory | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a simulation needs at least one replica")
@@ -120,6 +144,7 @@ class Simulation:
         self.clock = clock
         self.workload = workload
         self.router = router
+        self.prompts = prompts or synthetic_prompt_of
         self._events: list[tuple[float, int, int, Callable[[Any], None], Any]] = []
         self._seq = itertools.count()
         self._live: dict[str, _Live] = {}
@@ -150,11 +175,17 @@ class Simulation:
 
     def _arrive(self, spec: RequestSpec) -> None:
         now = self.clock.now()
-        index = self.router.choose(self.replicas)
+        prompt = tuple(self.prompts(spec))
+        if len(prompt) != spec.prompt_len:
+            raise ValueError(
+                f"the prompt of request {spec.index} has {len(prompt)} tokens, "
+                f"its spec says {spec.prompt_len}"
+            )
+        index = self.router.choose(self.replicas, prompt)
         replica = self.replicas[index]
         request = Submission(
             request_id=f"req-{spec.index}",
-            prompt_token_ids=tuple(synthetic_prompt(spec.index, spec.prompt_len)),
+            prompt_token_ids=prompt,
             sampling=SamplingParams(max_tokens=spec.output_len, temperature=0.0),
             arrival_time=now,
         )
@@ -263,7 +294,16 @@ class Simulation:
         self._live.clear()
 
 
-def simulate(engine: EngineConfig, workload: Workload, router: Router, replicas: int = 1) -> SimRun:
-    """Run ``workload`` on ``replicas`` copies of ``engine`` from virtual time 0."""
+def simulate(
+    engine: EngineConfig,
+    workload: Workload,
+    router: Router,
+    replicas: int = 1,
+    prompts: PromptFactory | None = None,
+) -> SimRun:
+    """Run ``workload`` on ``replicas`` copies of ``engine`` from virtual time 0; prompts
+    come from ``prompts`` (default: ``synthetic_prompt_of``, no shared prefixes)."""
     clock = VirtualClock()
-    return Simulation(build_replicas(engine, replicas, clock), clock, workload, router).run()
+    return Simulation(
+        build_replicas(engine, replicas, clock), clock, workload, router, prompts
+    ).run()
