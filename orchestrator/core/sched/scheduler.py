@@ -326,15 +326,16 @@ class Scheduler:
         ``now`` is when the step's tokens became available."""
         outputs = []
         finished = False
-        sampled, all_logprobs = result.sampled, result.logprobs
+        sampled, all_logprobs, failed = result.sampled, result.logprobs, result.failed
         block_size = self.kv.block_size
+        requests, running = self.requests, RequestStatus.RUNNING
         for planned in plan.scheduled:
             rid = planned.request_id
-            request = self.requests.get(rid)
-            if request is None or request.status != RequestStatus.RUNNING:
+            request = requests.get(rid)
+            if request is None or request.status is not running:
                 continue  # aborted while the step ran
-            if result.failed and rid in result.failed:
-                outputs.append(self._fail(request, result.failed[rid], now))
+            if failed and rid in failed:
+                outputs.append(self._fail(request, failed[rid], now))
                 finished = True
                 continue
             before = request.num_computed_tokens
@@ -346,10 +347,22 @@ class Scheduler:
             token = sampled.get(rid)
             if token is None:
                 raise RuntimeError(f"executor returned no token for {rid!r}, which samples")
-            request.output_token_ids.append(token)
+            output_ids = request.output_token_ids
+            output_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
-            status = self._stop_status(request, token)
+            # The stop test inline: a method call per request per step is measurable here.
+            n_prompt, n_out, sampling = (
+                len(request.prompt_token_ids),
+                len(output_ids),
+                request.sampling,
+            )
+            if token in sampling.stop_token_ids:
+                status: RequestStatus | None = RequestStatus.FINISHED_STOPPED
+            elif n_out >= sampling.max_tokens or n_out + n_prompt >= self.max_model_len:
+                status = RequestStatus.FINISHED_LENGTH
+            else:
+                status = None
             if status is not None:
                 self._finish(request, status, now)
                 finished = True
@@ -361,8 +374,8 @@ class Scheduler:
                     (logprobs,) if logprobs is not None else (),
                     status is not None,
                     FINISH_REASONS.get(status) if status is not None else None,
-                    len(request.prompt_token_ids),
-                    len(request.output_token_ids),
+                    n_prompt,
+                    n_out,
                     None,
                     request.first_scheduled_time,
                     request.num_cached_prompt_tokens,
@@ -371,17 +384,6 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
         return outputs
-
-    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
-        if token in request.sampling.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        n_out = len(request.output_token_ids)
-        if (
-            n_out >= request.sampling.max_tokens
-            or n_out + len(request.prompt_token_ids) >= self.max_model_len
-        ):
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
     def _fail(self, request: Request, error: str, now: float) -> RequestOutput:
         self._finish(request, RequestStatus.FINISHED_ERROR, now)
