@@ -118,9 +118,12 @@ class TorchExecutor:
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         start = time.perf_counter()
-        sampled, logprobs = self.runner.execute(plan)
+        sampled, logprobs, failed = self.runner.execute(plan)
         return StepResult(
-            sampled=sampled, duration_s=time.perf_counter() - start, logprobs=logprobs
+            sampled=sampled,
+            duration_s=time.perf_counter() - start,
+            logprobs=logprobs,
+            failed=failed,
         )
 
     def shutdown(self) -> None:

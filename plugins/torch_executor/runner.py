@@ -31,9 +31,9 @@ class StepLogits:
 class ModelRunner:
     """Owns the weights, the paged KV cache and the sampler of one model instance.
 
-    ``max_model_len`` (tokens) bounds positions; a plan that runs past it, names a block
-    outside the pool, or has a block table too short for its tokens is rejected with a
-    ``ValueError`` naming the request, before anything is written to the cache.
+    ``max_model_len`` (tokens) bounds positions; a plan entry that runs past it, names a
+    block outside the pool, or has a block table too short for its tokens fails that
+    request with a message naming it, before anything is written to the cache.
     """
 
     def __init__(
@@ -81,11 +81,23 @@ class ModelRunner:
             return StepLogits([], torch.empty(0, self.args.vocab_size))
         return StepLogits(ids, compute_logits(self.weights, hidden[torch.tensor(last_rows)]))
 
-    def execute(self, plan: SchedulerOutput) -> tuple[dict[str, int], dict[str, TokenLogprobs]]:
-        """Tokens sampled for every request with ``sample=True``, and logprobs for those
-        that asked for them."""
+    def execute(
+        self, plan: SchedulerOutput
+    ) -> tuple[dict[str, int], dict[str, TokenLogprobs], dict[str, str]]:
+        """Tokens sampled for every request with ``sample=True``, logprobs for those that
+        asked for them, and the entries this runner cannot run with the reason. A bad
+        entry fails only its own request: the rest of the plan runs as if it were absent
+        (nothing of the bad entry is written to the cache)."""
+        failed: dict[str, str] = {}
+        for s in plan.scheduled:
+            try:
+                self._check(s)
+            except ValueError as err:
+                failed[s.request_id] = str(err)
+        if failed:
+            plan = SchedulerOutput([s for s in plan.scheduled if s.request_id not in failed])
         if plan.is_empty:
-            return {}, {}
+            return {}, {}, failed
         step = self.logits(plan)
         sampling = {s.request_id: s for s in plan.scheduled if s.sample}
         rows = [SampleRow(sampling[r].sampling, sampling[r].context_len) for r in step.request_ids]
@@ -93,7 +105,7 @@ class ModelRunner:
             tokens, logprobs = self.sampler.sample(step.logits, rows)
         sampled = dict(zip(step.request_ids, tokens, strict=True))
         lp = {r: x for r, x in zip(step.request_ids, logprobs, strict=True) if x is not None}
-        return sampled, lp
+        return sampled, lp, failed
 
     def _check(self, s: ScheduledRequest) -> None:
         if not s.token_ids:

@@ -86,19 +86,28 @@ def test_mixed_batches_match_transformers(tiny_folder: Path) -> None:
         assert err < 1e-4, f"request {rid} position {pos}: max abs logit error {err}"
 
 
-def test_rejects_plans_it_cannot_run(tiny_folder: Path) -> None:
+BAD_ENTRIES = {
+    "outside the pool": ScheduledRequest("x", [1, 2], 0, [8], True, GREEDY),
+    "needs 2 blocks": ScheduledRequest("x", [1] * 5, 0, [0], True, GREEDY),
+    "outside the model's": ScheduledRequest("x", [1], 32, list(range(8)) * 2, True, GREEDY),
+    "token ids outside": ScheduledRequest("x", [101], 0, [0], True, GREEDY),
+    "no tokens": ScheduledRequest("x", [], 0, [0], True, GREEDY),
+}
+
+
+@pytest.mark.parametrize("message", list(BAD_ENTRIES))
+def test_a_bad_plan_entry_fails_only_its_request(tiny_folder: Path, message: str) -> None:
     weights = load_folder(tiny_folder, torch.float32)
+    good = [
+        ScheduledRequest("a", [5, 6, 7], 0, [1], True, GREEDY),
+        ScheduledRequest("b", [9, 8], 0, [2], True, GREEDY),
+    ]
+    alone = TorchExecutor(weights, block_size=BLOCK, num_blocks=8, max_model_len=32)
+    expected = alone.execute(SchedulerOutput(good)).sampled
     executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=8, max_model_len=32)
-    cases = {
-        "outside the pool": ScheduledRequest("x", [1, 2], 0, [8], True, GREEDY),
-        "needs 2 blocks": ScheduledRequest("x", [1] * 5, 0, [0], True, GREEDY),
-        "outside the model's": ScheduledRequest("x", [1], 32, list(range(8)) * 2, True, GREEDY),
-        "token ids outside": ScheduledRequest("x", [101], 0, [0], True, GREEDY),
-        "no tokens": ScheduledRequest("x", [], 0, [0], True, GREEDY),
-    }
-    for message, scheduled in cases.items():
-        with pytest.raises(ValueError, match=message):
-            executor.execute(SchedulerOutput([scheduled]))
+    result = executor.execute(SchedulerOutput([good[0], BAD_ENTRIES[message], good[1]]))
+    assert set(result.failed) == {"x"} and message in result.failed["x"]
+    assert result.sampled == expected  # the others ran exactly as without the bad entry
 
 
 def test_max_model_len_defaults_to_the_model_and_may_only_shrink(tiny_folder: Path) -> None:
