@@ -15,11 +15,12 @@ from tests.factories import make_engine, make_request, run_step
 
 
 def test_config_names_pick_registered_strategies_and_unknown_ones_are_refused() -> None:
-    assert BATCHING_STRATEGIES == {
+    expected = {
         "continuous": ContinuousBatching,
         "prefill_first": PrefillFirstBatching,
         "static": StaticBatching,
     }
+    assert expected == BATCHING_STRATEGIES
     with pytest.raises(ValueError, match="unknown batching 'orca'"):
         SchedulerConfig(batching="orca")
 

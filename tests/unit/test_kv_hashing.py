@@ -29,7 +29,7 @@ def test_hashes_chain_so_equal_blocks_after_different_prefixes_differ() -> None:
     a = prefix_hashes(root, [1] * 16 + [5] * 16, 16)
     b = prefix_hashes(root, [2] * 16 + [5] * 16, 16)
     assert len(a) == 2 and a[1] != b[1]
-    assert prefix_hashes(root, TOKENS + [9], 16) == prefix_hashes(root, TOKENS, 16)
+    assert prefix_hashes(root, [*TOKENS, 9], 16) == prefix_hashes(root, TOKENS, 16)
 
 
 def _hashes_in_fresh_process(seed: str | None) -> str:
