@@ -15,7 +15,12 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 
 from build_engines.commands import Toolchain
-from build_engines.environment import Environment, probe
+from build_engines.environment import (
+    Environment,
+    default_backend,
+    installed_trtllm_version,
+    probe,
+)
 from build_engines.errors import BuildError
 from build_engines.pipeline import VERIFY_STEP, BuildPipeline, NullReporter, step_names
 from build_engines.plan import BuildPlan, plan_from_file
@@ -25,7 +30,7 @@ from orchestrator.core import ConfigError
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_FAILED = 0, 1, 2, 3, 4
 
-NGC_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
+NGC_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,9 +65,11 @@ def main(
     console: Console | None = None,
     environment: Callable[[Toolchain], Environment] = probe,
     runners: Runners | None = None,
+    trtllm_version: Callable[[], str | None] = installed_trtllm_version,
 ) -> int:
-    """Entry point. ``environment`` and ``runners`` are parameters so tests can stand in
-    for the machine and the tools."""
+    """Entry point. ``environment``, ``runners`` and ``trtllm_version`` are parameters so
+    tests can stand in for the machine and the tools. A spec without ``backend`` builds
+    for the backend the installed TensorRT-LLM supports; the plan says which and why."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # argparse has printed the usage error
@@ -70,7 +77,7 @@ def main(
     console = console or Console()
     toolchain = Toolchain.from_env(args.examples_dir)
     try:
-        plan = plan_from_file(args.config, toolchain)
+        plan = plan_from_file(args.config, toolchain, backend=default_backend(trtllm_version()))
     except ConfigError as err:
         console.print(f"[bold red]invalid build spec:[/] {err}", highlight=False)
         return EXIT_INVALID

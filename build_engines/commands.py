@@ -77,7 +77,8 @@ class Layout:
 
     @property
     def options_path(self) -> Path:
-        """LLM-API options (run-time settings) for ``trtllm-serve --extra_llm_api_options``."""
+        """LLM-API options (run-time settings) for ``trtllm-serve --config`` (older
+        releases: ``--extra_llm_api_options``, of which ``--config`` is an alias)."""
         return self.root / "llm_api_options.yaml"
 
     @property

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 
 from build_engines.commands import Toolchain
-from build_engines.spec import BuildSpec
+from build_engines.spec import Backend, BuildSpec
 from orchestrator.common.specs import GPUSpec
+
+# TensorRT-LLM 1.3.0rc20 is the last release with the TensorRT engine backend; later ones
+# run the PyTorch backend only (docs/source/legacy/tensorrt-backend-removal.md).
+LAST_ENGINE_RELEASE = (1, 3, 0, 20)
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:rc(\d+))?")
 
 # Distribution name -> manifest key.
 _TOOLS = {
@@ -43,8 +49,14 @@ class Environment:
     def missing_for(self, spec: BuildSpec, gpu: GPUSpec, toolchain: Toolchain) -> list[str]:
         """What stops ``spec`` from building here, one human-readable item each."""
         missing = []
+        version = self.tool_versions.get("tensorrt_llm")
         if not self.has_tensorrt_llm:
             missing.append("TensorRT-LLM (the tensorrt_llm Python package is not importable)")
+        elif spec.backend == "engine" and version and has_engine_backend(version) is False:
+            missing.append(
+                f"TensorRT-LLM 1.2.x for backend: engine (the installed {version} has no "
+                "engine backend; build with backend: pytorch)"
+            )
         if spec.backend == "engine" and self.trtllm_build is None:
             missing.append(f"{toolchain.trtllm_build} (not on PATH)")
         if not self.quantize_script:
@@ -60,6 +72,59 @@ class Environment:
                 f"on, and this machine has {', '.join(self.gpus)}"
             )
         return missing
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend a spec without ``backend:`` builds for, and why (printed with the
+    plan)."""
+
+    backend: Backend
+    reason: str
+
+
+def has_engine_backend(version: str) -> bool | None:
+    """Whether TensorRT-LLM ``version`` (``1.2.1``, ``1.3.0rc20``, ...) has the TensorRT
+    engine backend; ``None`` when the version cannot be read."""
+    match = _VERSION.match(version)
+    if match is None:
+        return None
+    major, minor, patch, rc = match.groups()
+    # A final release sorts after all of its release candidates.
+    key = (int(major), int(minor), int(patch), int(rc) if rc is not None else 1 << 30)
+    return key <= LAST_ENGINE_RELEASE
+
+
+def default_backend(trtllm_version: str | None) -> BackendChoice:
+    """The backend the installed TensorRT-LLM supports: ``engine`` where it has the
+    engine backend (and where none is installed: the project's container is 1.2.x),
+    ``pytorch`` where it has not."""
+    if trtllm_version is None:
+        return BackendChoice(
+            "engine", "TensorRT-LLM is not installed here; engine (TensorRT-LLM 1.2.x) assumed"
+        )
+    engine = has_engine_backend(trtllm_version)
+    if engine is None:
+        return BackendChoice(
+            "engine", f"TensorRT-LLM version {trtllm_version!r} not understood; engine assumed"
+        )
+    if engine:
+        return BackendChoice(
+            "engine", f"the installed TensorRT-LLM {trtllm_version} has the engine backend"
+        )
+    return BackendChoice(
+        "pytorch",
+        f"the installed TensorRT-LLM {trtllm_version} has no engine backend "
+        "(removed after 1.3.0rc20)",
+    )
+
+
+def installed_trtllm_version() -> str | None:
+    """The installed TensorRT-LLM's version, read without importing it."""
+    try:
+        return importlib.metadata.version("tensorrt_llm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def gpu_family(spec_name: str) -> str:

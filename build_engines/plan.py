@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from build_engines.commands import (
@@ -13,6 +13,7 @@ from build_engines.commands import (
     describe_download,
     quantize_argv,
 )
+from build_engines.environment import BackendChoice
 from build_engines.memory import BuildCapacity, plan_memory
 from build_engines.spec import BuildSpec, load_build_spec
 from build_engines.validate import Finding, RuleInput, Severity, validate
@@ -29,6 +30,7 @@ class BuildPlan:
     memory: BuildCapacity
     findings: tuple[Finding, ...]
     spec_path: Path | None = None
+    backend_note: str | None = None  # why the backend is what it is, when the spec left it
 
     @property
     def errors(self) -> list[Finding]:
@@ -73,9 +75,20 @@ def make_plan(
     return BuildPlan(spec, model, gpu, toolchain, Layout(root), memory, tuple(findings), spec_path)
 
 
-def plan_from_file(path: str | Path, toolchain: Toolchain, *, cwd: Path | None = None) -> BuildPlan:
-    """Load the spec at ``path`` (raises ``ConfigError``) and plan it."""
-    loaded = load_build_spec(path)
-    return make_plan(
+def plan_from_file(
+    path: str | Path,
+    toolchain: Toolchain,
+    *,
+    cwd: Path | None = None,
+    backend: BackendChoice | None = None,
+) -> BuildPlan:
+    """Load the spec at ``path`` (raises ``ConfigError``) and plan it; a spec without
+    ``backend`` takes ``backend`` (default: engine) and the plan says why."""
+    choice = backend or BackendChoice("engine", "engine assumed")
+    loaded = load_build_spec(path, default_backend=choice.backend)
+    plan = make_plan(
         loaded.spec, loaded.model, loaded.gpu, toolchain, cwd=cwd, spec_path=loaded.path
     )
+    if loaded.backend_given:
+        return plan
+    return replace(plan, backend_note=f"default: {choice.reason}")

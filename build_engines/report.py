@@ -29,7 +29,8 @@ def render_summary(console: Console, plan: BuildPlan) -> None:
     table = Table(title=f"Build plan: {s.name}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("Backend", s.backend)
+    note = f" ({plan.backend_note})" if plan.backend_note else ""
+    table.add_row("Backend", f"{s.backend}{note}")
     table.add_row("Model", f"{s.model.source}{revision} ({plan.model.name}, {s.model.dtype})")
     table.add_row("Quantisation", f"weights {q.weights}, KV cache {q.kv_cache}")
     table.add_row("Parallelism", f"tp={par.tp} pp={par.pp} ({par.world_size} GPUs)")

@@ -179,24 +179,30 @@ def content_hash(data: Any) -> str:
 
 @dataclass(frozen=True)
 class LoadedSpec:
-    """A build spec with the model and GPU specs it names."""
+    """A build spec with the model and GPU specs it names. ``backend_given``: the file
+    set ``backend`` (else it took the default it was loaded with)."""
 
     spec: BuildSpec
     model: ModelSpec
     gpu: GPUSpec
     path: Path
+    backend_given: bool = True
 
 
-def load_build_spec(path: str | Path) -> LoadedSpec:
-    """Read a build spec and the model/GPU specs it names.
+def load_build_spec(path: str | Path, *, default_backend: Backend = "engine") -> LoadedSpec:
+    """Read a build spec and the model/GPU specs it names; a spec without ``backend``
+    takes ``default_backend``.
 
     Raises ``ConfigError`` naming the file and key for any invalid or unknown value.
     """
     path = Path(path)
     spec = load_yaml(path, BuildSpec)
+    given = "backend" in spec.model_fields_set
+    if not given:
+        spec = spec.model_copy(update={"backend": default_backend})
     model = _load_named(path, "model.spec", load_model_spec, spec.model.spec)
     gpu = _load_named(path, "target.gpu", load_gpu_spec, spec.target.gpu)
-    return LoadedSpec(spec, model, gpu, path)
+    return LoadedSpec(spec, model, gpu, path, given)
 
 
 T = TypeVar("T")

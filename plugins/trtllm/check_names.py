@@ -1,28 +1,37 @@
-"""Check the TensorRT-LLM names the trtllm adapter uses against the installed release.
-Run it inside the NGC TensorRT-LLM container, from the project root:
+"""Check the TensorRT-LLM names both executors use against the installed release. Run it
+inside the NGC TensorRT-LLM container, from the project root:
 
-    python -m plugins.trtllm.check_names [--engine-dir BUILD_DIR]
+    python -m plugins.trtllm.check_names [--mode all|engine|llm-api]
+                                         [--engine-dir BUILD_DIR] [--model MODEL]
 
-Three kinds of check, one line each (``OK`` or ``MISSING``):
+Per mode (engine: ``tensorrt_llm.bindings.executor``; LLM-API: ``tensorrt_llm.llmapi``),
+one line per check (``OK`` or ``MISSING``):
 
-- every class, enum member, property and method in ``plugins.trtllm.names`` exists;
-- the adapter's own constructors (``plugins.trtllm.translate``) run against the real
-  bindings for representative settings and sampling parameters, through a wrapper that
-  records each keyword passed, and together they pass every listed keyword (so the
-  list, the adapter and the real signatures agree);
-- with ``--engine-dir`` (a build-engines output folder; needs the GPU it was built
-  for), the executor starts on that engine and greedily generates a few tokens.
+- every class, enum member, property, method and field in ``plugins.trtllm.names``
+  exists (LLM-API mode: and every ``LLM`` keyword is a ``TorchLlmArgs`` field);
+- every listed constructor takes the listed keywords by position as far as
+  ``Binding.positional`` says, refuses ``None`` for each ``Binding.required`` keyword
+  and accepts it for the others (the rules the fakes in tests/ follow);
+- the adapter's own constructors run against the real module for representative
+  settings and sampling parameters, through a wrapper that records each keyword
+  passed, and together they pass every listed keyword;
+- with ``--engine-dir`` (a build-engines output folder of a ``backend: engine`` build)
+  or ``--model`` (a Hugging Face checkpoint folder or Hub id, or a ``backend: pytorch``
+  build folder), the executor starts on it and greedily generates a few tokens (needs
+  the GPU it was built for).
 
-Exit status: 0 when every check passes, 1 when any fails, 2 when the bindings cannot
-be imported.
+``--mode all`` (the default) checks each mode whose module imports and says which it
+skipped: TensorRT-LLM releases after 1.3.0rc20 have no engine backend. Exit status: 0
+when every check run passes, 1 when any fails, 2 when no checked module imports.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -32,56 +41,228 @@ from build_engines.check_trtllm_names import NameCheck, run_checks
 from orchestrator.core import SamplingParams, ScheduledRequest, SchedulerOutput
 from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig
-from plugins.trtllm.names import BINDINGS, MODULE
+from plugins.trtllm.llm_api import translate as llm_translate
+from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
+from plugins.trtllm.llm_api.settings import CudaGraphs, LlmApiSettings
+from plugins.trtllm.llm_api.settings import load_settings as load_llm_settings
+from plugins.trtllm.names import (
+    ASYNC_ITERATION,
+    BINDINGS,
+    LLM_API_BINDINGS,
+    LLM_API_MODULE,
+    MODULE,
+    Binding,
+)
 from plugins.trtllm.settings import EngineSettings, load_settings
 
 ImportModule = Callable[[str], Any]
+Arguments = Callable[[Any], dict[str, Any]]
+
+# Classes whose construction needs an engine or a model on a GPU: their keywords are
+# covered by the live run (and, for LLM, by TorchLlmArgs' fields).
+NEEDS_ENGINE = frozenset({"Executor", "LLM"})
 
 
 # ---------------------------------------------------------------------------- names
 
 
-def _member_check(tle: Any, owner: str, name: str) -> NameCheck:
+def has_name(cls: Any, name: str) -> bool:
+    """A pydantic field, a dataclass field, or any attribute (properties, methods, enum
+    members, binding properties)."""
+    fields = getattr(cls, "model_fields", None)
+    if isinstance(fields, dict) and name in fields:
+        return True
+    if dataclasses.is_dataclass(cls) and name in {f.name for f in dataclasses.fields(cls)}:
+        return True
+    return hasattr(cls, name)
+
+
+def _member_check(module: Any, module_name: str, owner: str, name: str) -> NameCheck:
     def run() -> str | None:
-        cls = getattr(tle, owner, None)
+        cls = getattr(module, owner, None)
         if cls is None:
-            return f"{MODULE} has no {owner}"
-        return None if hasattr(cls, name) else f"{owner} has no {name!r}"
+            return f"{module_name} has no {owner}"
+        return None if has_name(cls, name) else f"{owner} has no {name!r}"
 
     return NameCheck(f"{owner}.{name}", run)
 
 
-def _class_check(tle: Any, name: str) -> NameCheck:
+def _class_check(module: Any, module_name: str, name: str) -> NameCheck:
     def run() -> str | None:
-        return None if hasattr(tle, name) else f"{MODULE} has no {name}"
+        return None if hasattr(module, name) else f"{module_name} has no {name}"
 
     return NameCheck(name, run)
 
 
-def name_checks(tle: Any) -> list[NameCheck]:
-    """Existence of every listed class, enum member, property and method."""
+def name_checks(
+    module: Any, bindings: Sequence[Binding] = BINDINGS, module_name: str = MODULE
+) -> list[NameCheck]:
+    """Existence of every listed class, enum member, property, method and field."""
     checks = []
-    for binding in BINDINGS:
-        checks.append(_class_check(tle, binding.name))
-        checks += [_member_check(tle, binding.name, m) for m in binding.members]
-        checks += [_member_check(tle, binding.name, a) for a in binding.attributes]
+    for binding in bindings:
+        checks.append(_class_check(module, module_name, binding.name))
+        for name in (*binding.members, *binding.attributes):
+            checks.append(_member_check(module, module_name, binding.name, name))
     return checks
+
+
+def llm_api_name_checks(llmapi: Any) -> list[NameCheck]:
+    """LLM-API names, the async iteration of request outputs, and every ``LLM`` keyword
+    but ``model`` as a ``TorchLlmArgs`` field (what ``LLM(**kwargs)`` validates against)."""
+    checks = name_checks(llmapi, LLM_API_BINDINGS, LLM_API_MODULE)
+    checks += [_member_check(llmapi, LLM_API_MODULE, "RequestOutput", n) for n in ASYNC_ITERATION]
+    llm = next(b for b in LLM_API_BINDINGS if b.name == "LLM")
+    checks += [_member_check(llmapi, LLM_API_MODULE, "TorchLlmArgs", k) for k in llm.keywords[1:]]
+    return checks
+
+
+# ---------------------------------------------------------------------------- signatures
+
+# Valid values for every listed keyword of each value class, per module. The fakes'
+# tests build the same objects, so the fakes and the real classes meet one table.
+ENGINE_ARGUMENTS: dict[str, Arguments] = {
+    "SchedulerConfig": lambda tle: {
+        "capacity_scheduler_policy": tle.CapacitySchedulerPolicy.MAX_UTILIZATION
+    },
+    "KvCacheConfig": lambda tle: {
+        "enable_block_reuse": True,
+        "max_tokens": 4096,
+        "free_gpu_memory_fraction": 0.5,
+    },
+    "OrchestratorConfig": lambda tle: {
+        "is_orchestrator": True,
+        "worker_executable_path": "/opt/tensorrt_llm/bin/executorWorker",
+    },
+    "ParallelConfig": lambda tle: {
+        "communication_type": tle.CommunicationType.MPI,
+        "communication_mode": tle.CommunicationMode.ORCHESTRATOR,
+        "orchestrator_config": tle.OrchestratorConfig(),
+    },
+    "ExecutorConfig": lambda tle: {
+        "max_beam_width": 1,
+        "scheduler_config": tle.SchedulerConfig(),
+        "kv_cache_config": tle.KvCacheConfig(),
+        "enable_chunked_context": True,
+        "max_batch_size": 8,
+        "max_num_tokens": 256,
+        "parallel_config": tle.ParallelConfig(),
+        "extended_runtime_perf_knob_config": tle.ExtendedRuntimePerfKnobConfig(),
+    },
+    "SamplingConfig": lambda tle: {
+        "beam_width": 1,
+        "top_k": 40,
+        "top_p": 0.9,
+        "seed": 7,
+        "temperature": 0.7,
+    },
+    "OutputConfig": lambda tle: {"return_log_probs": True, "exclude_input_from_output": True},
+    "Request": lambda tle: {
+        "input_token_ids": [1, 2, 3],
+        "max_tokens": 4,
+        "streaming": True,
+        "sampling_config": tle.SamplingConfig(),
+        "output_config": tle.OutputConfig(),
+        "end_id": 2,
+        "pad_id": 0,
+        "stop_words": [[3]],
+    },
+}
+
+LLM_API_ARGUMENTS: dict[str, Arguments] = {
+    "SchedulerConfig": lambda llmapi: {
+        "capacity_scheduler_policy": llmapi.CapacitySchedulerPolicy.MAX_UTILIZATION
+    },
+    "KvCacheConfig": lambda llmapi: {
+        "enable_block_reuse": True,
+        "free_gpu_memory_fraction": 0.5,
+        "dtype": "auto",
+        "tokens_per_block": 32,
+    },
+    "CudaGraphConfig": lambda llmapi: {
+        "batch_sizes": [1, 2, 4],
+        "max_batch_size": 4,
+        "enable_padding": True,
+    },
+    "SamplingParams": lambda llmapi: {
+        "max_tokens": 4,
+        "stop_token_ids": [2],
+        "include_stop_str_in_output": True,
+        "top_k": 40,
+        "top_p": 0.9,
+        "seed": 7,
+        "temperature": 0.7,
+        "logprobs": 1,
+        "ignore_eos": True,
+        "detokenize": False,
+    },
+}
+
+
+def signature_checks(
+    module: Any, bindings: Sequence[Binding], arguments: Mapping[str, Arguments]
+) -> list[NameCheck]:
+    """Per value class with a table entry: the positional form constructs, and ``None``
+    is refused for exactly the ``required`` keywords."""
+    checks = []
+    for binding in bindings:
+        if binding.name not in arguments:
+            continue
+        checks.append(_positional_check(module, binding, arguments[binding.name]))
+        checks += [
+            _none_check(module, binding, arguments[binding.name], keyword)
+            for keyword in binding.keywords
+        ]
+    return checks
+
+
+def _positional_check(module: Any, binding: Binding, arguments: Arguments) -> NameCheck:
+    def run() -> str | None:
+        values = arguments(module)
+        leading = binding.keywords[: binding.positional]
+        rest = {k: v for k, v in values.items() if k not in leading}
+        try:
+            getattr(module, binding.name)(*[values[k] for k in leading], **rest)
+        except Exception as err:  # any refusal is the finding
+            return f"{type(err).__name__}: {err}"
+        return None
+
+    return NameCheck(
+        f"{binding.name}({', '.join(binding.keywords[: binding.positional])}, ...)", run
+    )
+
+
+def _none_check(module: Any, binding: Binding, arguments: Arguments, keyword: str) -> NameCheck:
+    required = keyword in binding.required
+
+    def run() -> str | None:
+        values = {**arguments(module), keyword: None}
+        try:
+            getattr(module, binding.name)(**values)
+        except (TypeError, ValueError) as err:  # pydantic's ValidationError is a ValueError
+            return None if required else f"refused: {type(err).__name__}: {err}"
+        return "accepted" if required else None
+
+    verb = "refuses" if required else "accepts"
+    return NameCheck(f"{binding.name}({keyword}=None) {verb} None", run)
 
 
 # ---------------------------------------------------------------------------- constructors
 
 
 class Recorder:
-    """Stands in for the bindings module: forwards every name to it and records, per
+    """Stands in for a TensorRT-LLM module: forwards every name to it and records, per
     class, the keywords each constructor call passed. Positional arguments are refused,
-    since the names list covers keywords only."""
+    since the adapter passes keywords only. Classes in ``record_only`` are recorded and
+    not constructed (they need a model on a GPU)."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, record_only: frozenset[str] = frozenset()) -> None:
         self._module = module
+        self.record_only = record_only
         self.keywords: dict[str, set[str]] = {}
 
     def __getattr__(self, name: str) -> Any:
-        return _RecordedClass(getattr(self._module, name), name, self.keywords)
+        target = None if name in self.record_only else getattr(self._module, name)
+        return _RecordedClass(target, name, self.keywords)
 
 
 class _RecordedClass:
@@ -92,7 +273,7 @@ class _RecordedClass:
         if args:
             raise TypeError(f"{self._name}() was called with positional arguments")
         self._sink.setdefault(self._name, set()).update(kwargs)
-        return self._target(**kwargs)
+        return None if self._target is None else self._target(**kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._target, name)
@@ -123,6 +304,34 @@ def representative_settings() -> list[EngineSettings]:
     return [single, multi]
 
 
+def representative_llm_settings() -> list[LlmApiSettings]:
+    """One model with graphs for every size up to the batch, one across two GPUs with
+    explicit graph sizes."""
+    single = LlmApiSettings(
+        model="checkpoint",
+        tensor_parallel_size=1,
+        pipeline_parallel_size=1,
+        tokens_per_block=32,
+        kv_cache_dtype="fp8",
+        kv_cache_free_gpu_memory_fraction=0.9,
+        enable_block_reuse=True,
+        max_batch_size=8,
+        max_num_tokens=256,
+        max_input_len=128,
+        max_seq_len=256,
+        enable_chunked_prefill=True,
+        cuda_graphs=CudaGraphs(None, 8, True),
+        capacity_scheduler_policy="GUARANTEED_NO_EVICT",
+    )
+    multi = replace(
+        single,
+        tensor_parallel_size=2,
+        cuda_graphs=CudaGraphs((1, 2, 4, 8), None, False),
+        capacity_scheduler_policy="MAX_UTILIZATION",
+    )
+    return [single, multi]
+
+
 REPRESENTATIVE_SAMPLING = {
     "greedy": SamplingParams(max_tokens=4, temperature=0),
     "sampled": SamplingParams(
@@ -143,7 +352,7 @@ def _constructs(label: str, build: Callable[[], Any]) -> NameCheck:
     def run() -> str | None:
         try:
             build()
-        except Exception as err:  # any binding error is the finding
+        except Exception as err:  # any refusal is the finding
             return f"{type(err).__name__}: {err}"
         return None
 
@@ -151,7 +360,7 @@ def _constructs(label: str, build: Callable[[], Any]) -> NameCheck:
 
 
 def construction_checks(recorder: Recorder) -> list[NameCheck]:
-    """The adapter's own constructors, run against the module ``recorder`` wraps."""
+    """Engine mode's own constructors, run against the module ``recorder`` wraps."""
     checks = []
     for settings in representative_settings():
         label = f"ExecutorConfig (world size {settings.world_size}, "
@@ -165,19 +374,28 @@ def construction_checks(recorder: Recorder) -> list[NameCheck]:
     return checks
 
 
-# Constructing these needs a built engine: the live run covers their keywords.
-NEEDS_ENGINE = frozenset({"Executor"})
+def llm_construction_checks(recorder: Recorder) -> list[NameCheck]:
+    """LLM-API mode's own constructors (``LLM`` itself recorded, not started)."""
+    checks = []
+    for settings in representative_llm_settings():
+        label = f"LLM options (TP {settings.tensor_parallel_size}, "
+        label += f"{settings.capacity_scheduler_policy})"
+        checks.append(_constructs(label, partial(llm_translate.start_llm, recorder, settings)))
+    for name, params in REPRESENTATIVE_SAMPLING.items():
+        build = partial(llm_translate.sampling_params, recorder, params, 4, 11)
+        checks.append(_constructs(f"SamplingParams ({name})", build))
+    return checks
 
 
-def coverage_check(recorder: Recorder) -> NameCheck:
-    """Run after ``construction_checks``: every listed keyword was passed at least once
-    (those of ``NEEDS_ENGINE`` classes excepted)."""
+def coverage_check(recorder: Recorder, bindings: Sequence[Binding] = BINDINGS) -> NameCheck:
+    """Run after the construction checks: every listed keyword was passed at least once
+    (those of classes not recorded in this mode excepted)."""
 
     def run() -> str | None:
         unused = [
             f"{b.name}({k}=)"
-            for b in BINDINGS
-            if b.name not in NEEDS_ENGINE
+            for b in bindings
+            if b.name not in NEEDS_ENGINE or b.name in recorder.record_only
             for k in b.keywords
             if k not in recorder.keywords.get(b.name, set())
         ]
@@ -186,11 +404,11 @@ def coverage_check(recorder: Recorder) -> NameCheck:
     return NameCheck("every listed constructor keyword was exercised", run)
 
 
-# ---------------------------------------------------------------------------- live run
+# ---------------------------------------------------------------------------- live runs
 
 
 def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
-    """Start the executor on a real engine and generate a few greedy tokens."""
+    """Start the engine-mode executor on a real engine and generate a few greedy tokens."""
 
     def run() -> str | None:
         from plugins.trtllm.executor import TrtllmExecutor
@@ -201,7 +419,7 @@ def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
         except Exception as err:
             return f"could not start: {type(err).__name__}: {err}"
         try:
-            tokens = _generate(executor, prompt=list(range(1, 9)), max_tokens=4)
+            tokens = generate(executor, executor.settings.tokens_per_block, list(range(1, 9)), 4)
         except Exception as err:
             return f"generation failed: {type(err).__name__}: {err}"
         finally:
@@ -215,10 +433,40 @@ def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
     return NameCheck(f"live run on {build_dir}", run)
 
 
-def _generate(executor: Any, prompt: list[int], max_tokens: int) -> list[int]:
+def llm_live_check(llmapi: Any, model: str, out: TextIO) -> NameCheck:
+    """Start the LLM-API executor on ``model`` and generate a few greedy tokens."""
+
+    def run() -> str | None:
+        from plugins.trtllm.llm_api.executor import TrtllmLlmApiExecutor
+
+        path = Path(model)
+        is_build = (path / "manifest.json").is_file()
+        config = TrtllmLlmApiConfig(
+            build_dir=path if is_build else None, model=None if is_build else model
+        )
+        try:
+            executor = TrtllmLlmApiExecutor.open(config, load_llm_settings(config), llmapi=llmapi)
+        except Exception as err:
+            return f"could not start: {type(err).__name__}: {err}"
+        try:
+            tokens = generate(executor, executor.settings.tokens_per_block, list(range(1, 9)), 4)
+            kv = executor.kv_cache_stats()
+        except Exception as err:
+            return f"generation failed: {type(err).__name__}: {err}"
+        finally:
+            executor.shutdown()
+        print(
+            f"         KV blocks: {kv.max_blocks} ({kv.free_blocks} free), greedy tokens: {tokens}",
+            file=out,
+        )
+        return None
+
+    return NameCheck(f"live run on {model}", run)
+
+
+def generate(executor: Any, block_size: int, prompt: list[int], max_tokens: int) -> list[int]:
     """Drive one greedy request through plans as the scheduler would: the whole prompt
     in one step, then one decode per step."""
-    block_size = executor.settings.tokens_per_block
     sampling = SamplingParams(max_tokens=max_tokens, temperature=0)
     tokens = list(prompt)
     out: list[int] = []
@@ -226,7 +474,10 @@ def _generate(executor: Any, prompt: list[int], max_tokens: int) -> list[int]:
     while len(out) < max_tokens:
         table = list(range(-(-len(tokens) // block_size)))
         plan = SchedulerOutput([ScheduledRequest("check", chunk, start, table, True, sampling)])
-        token = executor.execute(plan).sampled["check"]
+        result = executor.execute(plan)
+        if "check" in result.failed:
+            raise RuntimeError(result.failed["check"])
+        token = result.sampled["check"]
         out.append(token)
         start, chunk = len(tokens), [token]
         tokens.append(token)
@@ -237,6 +488,32 @@ def _generate(executor: Any, prompt: list[int], max_tokens: int) -> list[int]:
 # ---------------------------------------------------------------------------- main
 
 
+def engine_checks(tle: Any, engine_dir: Path | None, out: TextIO) -> list[NameCheck]:
+    recorder = Recorder(tle)
+    checks = [
+        *name_checks(tle),
+        *signature_checks(tle, BINDINGS, ENGINE_ARGUMENTS),
+        *construction_checks(recorder),
+        coverage_check(recorder),
+    ]
+    if engine_dir is not None:
+        checks.append(live_check(tle, engine_dir, out))
+    return checks
+
+
+def llm_api_checks(llmapi: Any, model: str | None, out: TextIO) -> list[NameCheck]:
+    recorder = Recorder(llmapi, record_only=frozenset({"LLM"}))
+    checks = [
+        *llm_api_name_checks(llmapi),
+        *signature_checks(llmapi, LLM_API_BINDINGS, LLM_API_ARGUMENTS),
+        *llm_construction_checks(recorder),
+        coverage_check(recorder, LLM_API_BINDINGS),
+    ]
+    if model is not None:
+        checks.append(llm_live_check(llmapi, model, out))
+    return checks
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -244,26 +521,45 @@ def main(
     out: TextIO = sys.stdout,
 ) -> int:
     parser = argparse.ArgumentParser(
-        description="Check the TensorRT-LLM executor bindings the trtllm adapter uses."
+        description="Check the TensorRT-LLM names the trtllm and trtllm-llmapi executors use."
+    )
+    parser.add_argument("--mode", choices=("all", "engine", "llm-api"), default="all")
+    parser.add_argument(
+        "--engine-dir", type=Path, help="backend: engine build folder to run live (needs a GPU)"
     )
     parser.add_argument(
-        "--engine-dir", type=Path, help="build-engines output folder to run live (needs a GPU)"
+        "--model",
+        help="checkpoint folder, Hub id or backend: pytorch build folder to run live in "
+        "LLM-API mode (needs a GPU)",
     )
     args = parser.parse_args(argv)
-    try:
-        tle = import_module(MODULE)
-    except ImportError as err:
-        print(
-            f"{MODULE} is not importable here ({err}); run this inside the NGC "
-            "TensorRT-LLM container",
-            file=out,
-        )
+    modes = [
+        ("engine", MODULE, " (engine mode needs TensorRT-LLM 1.2.x)"),
+        ("llm-api", LLM_API_MODULE, ""),
+    ]
+    checks: list[NameCheck] = []
+    imported = 0
+    for mode, module_name, needs in modes:
+        if args.mode not in ("all", mode):
+            continue
+        try:
+            module = import_module(module_name)
+        except ImportError as err:
+            print(
+                f"SKIPPED  {mode} mode: {module_name} is not importable here ({err}); "
+                f"run this inside the NGC TensorRT-LLM container{needs}",
+                file=out,
+            )
+            continue
+        imported += 1
+        version = getattr(import_module("tensorrt_llm"), "__version__", "unknown version")
+        print(f"{mode} mode: {module_name} (TensorRT-LLM {version})", file=out)
+        if mode == "engine":
+            checks += engine_checks(module, args.engine_dir, out)
+        else:
+            checks += llm_api_checks(module, args.model, out)
+    if not imported:
         return 2
-    print(f"{MODULE} {getattr(tle, '__version__', 'unknown version')}", file=out)
-    recorder = Recorder(tle)
-    checks = [*name_checks(tle), *construction_checks(recorder), coverage_check(recorder)]
-    if args.engine_dir is not None:
-        checks.append(live_check(tle, args.engine_dir, out))
     return 1 if run_checks(checks, out) else 0
 
 

@@ -1,22 +1,8 @@
-"""TensorRT-LLM engine mode: our scheduler's plans run on TensorRT-LLM's C++ ``Executor``.
+"""TensorRT-LLM engine mode: our scheduler's plans run on TensorRT-LLM 1.2.x's C++
+``Executor`` (``tensorrt_llm.bindings.executor``) over an engine built by build-engines.
 
-The executor batches in flight, chunks contexts, replays CUDA graphs and owns the KV
-cache; our scheduler owns admission, priority order and preemption, over a KV pool the
-size of the executor's (measured at start). Per plan:
-
-- ids in ``preempted_ids`` and ``finished_ids`` are cancelled in the executor (unless
-  it already finished them) and their buffered tokens dropped;
-- each scheduled chunk's tokens are recorded by KV block (``BlockTokens``); prefill chunks
-  without ``sample`` need nothing else: the executor takes a prompt whole;
-- a request that samples and is not running in the executor (first sampling step, or
-  the first after a preemption) is enqueued with all its known tokens, rebuilt from its
-  block table, asking for the tokens it may still produce;
-- a request that samples gets the next token its stream buffered, waiting on
-  ``await_responses`` if none has come yet.
-
-Step durations are wall time. Requests the executor fails (or refuses) are named in
-``StepResult.failed`` with its message, after their state is dropped; the engine ends
-them with an error and the others carry on.
+How plans map onto TensorRT-LLM is ``plugins.trtllm.runner``'s; this module starts the
+executor, measures its KV cache and turns its responses into stream updates.
 """
 
 from __future__ import annotations
@@ -24,8 +10,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import random
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,22 +21,19 @@ from orchestrator.core import (
     EngineConfig,
     ExecutorInfo,
     SamplingParams,
-    ScheduledRequest,
     SchedulerOutput,
     StepResult,
-    TokenLogprobs,
 )
 from plugins.trtllm import translate
-from plugins.trtllm.blocks import BlockTokens
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.errors import TrtllmError, TrtllmStalledError
 from plugins.trtllm.names import MODULE
+from plugins.trtllm.runner import PlanRunner
 from plugins.trtllm.settings import EngineSettings, check_engine_config, load_settings
-from plugins.trtllm.streams import Streams
+from plugins.trtllm.streams import Update
 
 logger = logging.getLogger(__name__)
 
-_UINT64 = (1 << 64) - 1
 _WARMUP = SamplingParams(max_tokens=1, temperature=0)
 _STATS_POLL_S = 0.01  # iteration stats land just after the iteration's responses
 
@@ -77,16 +60,44 @@ def default_worker_path() -> Path:
     return path
 
 
-def resume_seed(seed: int, generated: int) -> int:
-    """The seed of a request resumed after ``generated`` tokens: ``seed`` itself for a
-    fresh request, else a SplitMix64 mix of both, so a resumed stream draws new random
-    numbers instead of replaying those its first tokens used."""
-    if generated == 0:
-        return seed & _UINT64
-    z = (seed + generated * 0x9E3779B97F4A7C15) & _UINT64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _UINT64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _UINT64
-    return z ^ (z >> 31)
+def update_from(response: Any) -> Update:
+    """One executor ``Response`` as a stream update (beam 0: the beam width is 1)."""
+    if response.has_error():
+        return Update(response.request_id, final=True, error=response.error_msg)
+    result = response.result
+    tokens = list(result.output_token_ids[0])
+    logprobs: list[float | None] = []
+    if tokens and result.log_probs is not None:
+        # The executor sends the log-probabilities of all tokens so far with each
+        # streamed response; the tail is this response's (also right if only the new
+        # ones come).
+        logprobs = list(result.log_probs[0][-len(tokens) :])
+    reason = result.finish_reasons[0].name if result.is_final else None
+    return Update(response.request_id, tokens, logprobs, result.is_final, reason)
+
+
+class EngineBackend:
+    """Submissions are the executor's own request ids."""
+
+    def __init__(self, tle: Any, executor: Any, pad_id: int | None) -> None:
+        self._tle = tle
+        self._executor = executor
+        self._pad_id = pad_id
+
+    def submit(
+        self, tokens: Sequence[int], max_tokens: int, sampling: SamplingParams, seed: int | None
+    ) -> int:
+        request = translate.request(
+            self._tle, tokens, max_tokens, sampling, seed=seed, pad_id=self._pad_id
+        )
+        return int(self._executor.enqueue_request(request))
+
+    def cancel(self, submission: int) -> None:
+        self._executor.cancel_request(submission)
+
+    def poll(self, timeout_s: float) -> list[Update]:
+        responses = self._executor.await_responses(timeout=timedelta(seconds=timeout_s))
+        return [update_from(r) for r in responses]
 
 
 class TrtllmExecutor:
@@ -113,8 +124,6 @@ class TrtllmExecutor:
         self._tle = tle
         self.settings = settings
         self.max_model_len = settings.max_seq_len
-        self._step_timeout_s = step_timeout_s
-        self._rng = random.Random(seed)
         self._executor = tle.Executor(
             model_path=settings.engine_path,
             model_type=tle.ModelType.DECODER_ONLY,
@@ -131,9 +140,14 @@ class TrtllmExecutor:
             self._num_blocks,
             settings.tokens_per_block,
         )
-        self._blocks = BlockTokens(self._num_blocks, settings.tokens_per_block)
-        self._streams = Streams()
-        self._prompt_lens: dict[str, int] = {}  # kept across preemptions, dropped at finish
+        self._runner = PlanRunner(
+            EngineBackend(tle, self._executor, settings.pad_id),
+            num_blocks=self._num_blocks,
+            block_size=settings.tokens_per_block,
+            max_seq_len=settings.max_seq_len,
+            seed=seed,
+            step_timeout_s=step_timeout_s,
+        )
 
     @classmethod
     def from_config(
@@ -177,143 +191,21 @@ class TrtllmExecutor:
             block_size=self.settings.tokens_per_block,
             max_model_len=self.max_model_len,
             owns_batching=True,
+            top_logprobs=False,  # the executor returns the chosen token's only
+            seeded_survives_preemption=False,  # it seeds a request once, at enqueue
             num_gpus=self.settings.world_size,
         )
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
-        start = time.perf_counter()
         if self._closed:
             raise TrtllmError("the TensorRT-LLM executor is shut down")
-        # Route what has arrived first, so that a request the executor has already ended
-        # (it runs ahead of our steps) is not cancelled needlessly.
-        self._drain(timedelta(0))
-        for request_id in plan.preempted_ids:
-            self._release(request_id)
-        for request_id in plan.finished_ids:
-            self._release(request_id)
-            self._prompt_lens.pop(request_id, None)
-        sampling: list[str] = []
-        refused: dict[str, str] = {}
-        for scheduled in plan.scheduled:
-            request_id = scheduled.request_id
-            self._blocks.write(scheduled.block_table, scheduled.start_position, scheduled.token_ids)
-            if request_id in self._streams:
-                self._check_decode(scheduled)
-            elif scheduled.sample:
-                error = self._enqueue(scheduled)
-                if error is not None:
-                    refused[request_id] = error
-                    continue
-            if scheduled.sample:
-                sampling.append(request_id)
-        self._wait_until_ready(sampling, start + self._step_timeout_s)
-        return self._take(sampling, start, refused)
+        return self._runner.execute(plan)
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._executor.shutdown()
-
-    # ------------------------------------------------------------------ steps
-
-    def _release(self, request_id: str) -> None:
-        stream = self._streams.drop(request_id)
-        if stream is not None and not stream.final:
-            self._executor.cancel_request(stream.engine_id)
-
-    def _check_decode(self, scheduled: ScheduledRequest) -> None:
-        """A request running in the executor only ever decodes the token it was last given:
-        anything else means the plan and the executor's state have parted."""
-        stream = self._streams.get(scheduled.request_id)
-        if scheduled.sample and scheduled.token_ids == [stream.last_token]:
-            return
-        raise TrtllmError(
-            f"request {scheduled.request_id!r} runs in TensorRT-LLM after token "
-            f"{stream.last_token}, but the plan gives it {scheduled.token_ids} at position "
-            f"{scheduled.start_position} (sample={scheduled.sample})"
-        )
-
-    def _enqueue(self, scheduled: ScheduledRequest) -> str | None:
-        """Send a request with all its known tokens; returns why it could not be sent."""
-        request_id, sampling = scheduled.request_id, scheduled.sampling
-        length = scheduled.context_len
-        tokens = self._blocks.read(scheduled.block_table, scheduled.start_position)
-        tokens += scheduled.token_ids
-        # The first enqueue sees the prompt alone; a resumed request's tokens also hold
-        # what it generated before its preemption.
-        generated = length - self._prompt_lens.setdefault(request_id, length)
-        max_tokens = min(sampling.max_tokens - generated, self.settings.max_seq_len - length)
-        if max_tokens < 1:
-            return (
-                f"{length} tokens, {generated} of them generated, leave no room for another "
-                f"(max_tokens={sampling.max_tokens}, max_seq_len={self.settings.max_seq_len})"
-            )
-        try:
-            engine_request = translate.request(
-                self._tle,
-                tokens,
-                max_tokens,
-                sampling,
-                seed=self._seed(sampling, generated),
-                pad_id=self.settings.pad_id,
-            )
-            engine_id = self._executor.enqueue_request(engine_request)
-        except Exception as err:  # the bindings' refusal of this one request
-            return f"TensorRT-LLM refused the request: {type(err).__name__}: {err}"
-        self._streams.add(request_id, engine_id, sampling.logprobs is not None)
-        return None
-
-    def _seed(self, sampling: SamplingParams, generated: int) -> int | None:
-        if sampling.greedy:
-            return None
-        if sampling.seed is None:
-            # The executor's default seed is 0 for every request: identical prompts would
-            # sample identical text.
-            return self._rng.getrandbits(64)
-        return resume_seed(sampling.seed, generated)
-
-    def _drain(self, timeout: timedelta) -> None:
-        for response in self._executor.await_responses(timeout=timeout):
-            self._streams.route(response)
-
-    def _wait_until_ready(self, request_ids: list[str], deadline: float) -> None:
-        waiting = [rid for rid in request_ids if not self._streams.get(rid).ready]
-        while waiting:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0:
-                raise TrtllmStalledError(
-                    f"TensorRT-LLM produced no token within {self._step_timeout_s} s for "
-                    f"request(s) {', '.join(map(repr, waiting))}"
-                )
-            self._drain(timedelta(seconds=remaining))
-            waiting = [rid for rid in waiting if not self._streams.get(rid).ready]
-
-    def _take(self, request_ids: list[str], start: float, refused: dict[str, str]) -> StepResult:
-        """One buffered token per request; the requests ``refused`` at enqueue and those
-        whose stream ended without a token go into ``failed`` with the executor's message
-        (their state is dropped: the executor already finished them)."""
-        errors = dict(refused)
-        for rid in request_ids:
-            stream = self._streams.get(rid)
-            if rid not in errors and not stream.pending:
-                errors[rid] = stream.error or (
-                    f"TensorRT-LLM ended the request ({stream.finish_reason}) before the "
-                    "token the scheduler expects"
-                )
-        for rid in errors:
-            self._streams.drop(rid)  # final already: nothing to cancel
-        request_ids = [rid for rid in request_ids if rid not in errors]
-        sampled: dict[str, int] = {}
-        logprobs: dict[str, TokenLogprobs] = {}
-        for rid in request_ids:
-            stream = self._streams.get(rid)
-            token, logprob = stream.take()
-            sampled[rid] = token
-            if logprob is not None:
-                # The executor returns the chosen token's log-probability only.
-                logprobs[rid] = TokenLogprobs(logprob, [])
-        return StepResult(sampled, time.perf_counter() - start, logprobs, failed=errors)
 
     # ------------------------------------------------------------------ start
 

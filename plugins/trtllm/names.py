@@ -1,20 +1,25 @@
-"""Every ``tensorrt_llm.bindings.executor`` name the adapter uses (TensorRT-LLM 1.2.x).
+"""Every TensorRT-LLM name the two executors use, one list per mode.
 
-This list is the single source three things are held to:
+- Engine mode: ``tensorrt_llm.bindings.executor`` (TensorRT-LLM 1.2.x, the C++
+  ``Executor`` and its value types).
+- LLM-API mode: ``tensorrt_llm.llmapi`` (the PyTorch backend's ``LLM``, its options and
+  its request outputs; 1.2.1 and newer).
 
-- the adapter: it reaches the bindings only through a module bound to the name ``tle``,
-  and a test walks its source to check that every ``tle.X``, every keyword passed to
-  ``tle.X(...)`` and every enum member is listed here;
-- the fake bindings the tests run against (tests/trtllm/fake_tensorrt_llm): a test checks
-  that their public surface is exactly this list, so a use of an unlisted name fails;
+Each list is the single source three things are held to:
+
+- the adapter: it reaches TensorRT-LLM only through a module bound to one name (``tle``
+  in engine mode, ``llmapi`` in LLM-API mode), and a test walks its source to check that
+  every ``tle.X`` / ``llmapi.X``, every keyword passed to a listed constructor and every
+  enum member is listed here;
+- the fakes the tests run against (``tests/trtllm/fake_tensorrt_llm``,
+  ``tests/trtllm/fake_llmapi``): a test checks that their public surface is exactly this
+  list, that each constructor takes the listed keywords by position exactly as far as
+  ``positional`` says, and that it refuses ``None`` exactly for ``required``;
 - ``plugins.trtllm.check_names``, run inside the NGC container, checks every entry
-  against the real bindings.
+  (names, positional forms and ``None`` refusals) against the installed release.
 
-Constructors are always called with keywords, so one list of keyword names covers them.
-Signatures were read from TensorRT-LLM's binding sources (``cpp/tensorrt_llm/nanobind/
-executor/*.cpp`` and the pybind11 twins); note that ``ExtendedRuntimePerfKnobConfig``'s
-constructor takes neither ``cuda_graph_mode`` nor ``cuda_graph_cache_size``: both are
-properties set after construction, as TensorRT-LLM's own LLM API does.
+Signatures were read from TensorRT-LLM's sources; docs/trtllm.md has the table of files
+and versions. The adapter itself always passes keywords.
 """
 
 from __future__ import annotations
@@ -22,20 +27,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MODULE = "tensorrt_llm.bindings.executor"
+LLM_API_MODULE = "tensorrt_llm.llmapi"
 
 
 @dataclass(frozen=True)
 class Binding:
-    """One class or enum of the bindings module.
+    """One class or enum of a TensorRT-LLM module.
 
-    ``keywords``: constructor keywords the adapter passes. ``attributes``: properties
-    read or set and methods called on instances. ``members``: enum members.
+    ``keywords``: constructor keywords the adapter passes, in the real constructor's
+    parameter order. ``positional``: how many of the leading ``keywords`` the real
+    constructor also takes by position (it takes further positional parameters the
+    adapter does not use, so the fakes stop there). ``required``: keywords whose real
+    parameter type is not optional, so ``None`` is refused (C++ ``const&`` parameters,
+    ``bool`` and ``int`` parameters, non-``Optional`` pydantic fields).
+    ``attributes``: properties read or set and methods called on instances.
+    ``members``: enum members.
     """
 
     name: str
     keywords: tuple[str, ...] = ()
+    positional: int = 0
+    required: tuple[str, ...] = ()
     attributes: tuple[str, ...] = ()
     members: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.positional > len(self.keywords):
+            raise ValueError(f"{self.name}: positional exceeds the listed keywords")
+        if not set(self.required) <= set(self.keywords):
+            raise ValueError(f"{self.name}: required names an unlisted keyword")
 
     @property
     def is_enum(self) -> bool:
@@ -44,6 +64,11 @@ class Binding:
 
 CAPACITY_SCHEDULER_POLICIES = ("MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH")
 
+# tensorrt_llm.bindings.executor, 1.2.x: cpp/tensorrt_llm/nanobind/executor/
+# {executorConfig,request,executor}.cpp (the pybind11 twins declare the same).
+# ExtendedRuntimePerfKnobConfig's constructor takes neither cuda_graph_mode nor
+# cuda_graph_cache_size: both are properties set after construction, as TensorRT-LLM's
+# own LLM API does.
 BINDINGS: tuple[Binding, ...] = (
     Binding("ModelType", members=("DECODER_ONLY",)),
     Binding("CapacitySchedulerPolicy", members=CAPACITY_SCHEDULER_POLICIES),
@@ -53,19 +78,33 @@ BINDINGS: tuple[Binding, ...] = (
     ),
     Binding("CommunicationType", members=("MPI",)),
     Binding("CommunicationMode", members=("LEADER", "ORCHESTRATOR")),
-    Binding("SchedulerConfig", keywords=("capacity_scheduler_policy",)),
+    Binding(
+        "SchedulerConfig",
+        keywords=("capacity_scheduler_policy",),
+        positional=1,
+        required=("capacity_scheduler_policy",),
+    ),
     Binding(
         "KvCacheConfig",
         keywords=("enable_block_reuse", "max_tokens", "free_gpu_memory_fraction"),
+        positional=2,
+        required=("enable_block_reuse",),
     ),
     Binding(
         "ExtendedRuntimePerfKnobConfig",
         attributes=("cuda_graph_mode", "cuda_graph_cache_size"),
     ),
-    Binding("OrchestratorConfig", keywords=("is_orchestrator", "worker_executable_path")),
+    Binding(
+        "OrchestratorConfig",
+        keywords=("is_orchestrator", "worker_executable_path"),
+        positional=2,
+        required=("is_orchestrator", "worker_executable_path"),
+    ),
     Binding(
         "ParallelConfig",
         keywords=("communication_type", "communication_mode", "orchestrator_config"),
+        positional=2,
+        required=("communication_type", "communication_mode"),
     ),
     Binding(
         "ExecutorConfig",
@@ -79,12 +118,26 @@ BINDINGS: tuple[Binding, ...] = (
             "parallel_config",
             "extended_runtime_perf_knob_config",
         ),
+        positional=4,
+        required=(
+            "max_beam_width",
+            "scheduler_config",
+            "kv_cache_config",
+            "enable_chunked_context",
+            "extended_runtime_perf_knob_config",
+        ),
     ),
     Binding(
         "SamplingConfig",
-        keywords=("beam_width", "top_k", "top_p", "temperature", "seed"),
+        keywords=("beam_width", "top_k", "top_p", "seed", "temperature"),
+        positional=1,
+        required=("beam_width",),
     ),
-    Binding("OutputConfig", keywords=("return_log_probs", "exclude_input_from_output")),
+    Binding(
+        "OutputConfig",
+        keywords=("return_log_probs", "exclude_input_from_output"),
+        positional=1,
+    ),
     Binding(
         "Request",
         keywords=(
@@ -97,10 +150,14 @@ BINDINGS: tuple[Binding, ...] = (
             "pad_id",
             "stop_words",
         ),
+        positional=2,
+        required=("input_token_ids", "max_tokens", "streaming", "sampling_config", "output_config"),
     ),
     Binding(
         "Executor",
         keywords=("model_path", "model_type", "executor_config"),
+        positional=3,
+        required=("model_path", "model_type", "executor_config"),
         attributes=(
             "enqueue_request",
             "await_responses",
@@ -116,3 +173,84 @@ BINDINGS: tuple[Binding, ...] = (
 )
 
 BY_NAME: dict[str, Binding] = {b.name: b for b in BINDINGS}
+
+# tensorrt_llm.llmapi (tensorrt_llm/llmapi/{__init__,llm,llm_args}.py,
+# tensorrt_llm/sampling_params.py, tensorrt_llm/executor/result.py). Every options class
+# is a pydantic model (keywords only, unknown keys refused); SamplingParams is a
+# keyword-only dataclass; LLM takes ``model`` by position. RequestOutput is made by
+# ``LLM.generate_async`` only, and is iterated with ``async for`` on the event loop it
+# was created on (its queue is an asyncio one only when a loop runs at creation).
+LLM_API_BINDINGS: tuple[Binding, ...] = (
+    Binding("CapacitySchedulerPolicy", members=CAPACITY_SCHEDULER_POLICIES),
+    Binding(
+        "SchedulerConfig",
+        keywords=("capacity_scheduler_policy",),
+        required=("capacity_scheduler_policy",),
+    ),
+    Binding(
+        "KvCacheConfig",
+        keywords=("enable_block_reuse", "free_gpu_memory_fraction", "dtype", "tokens_per_block"),
+        required=("enable_block_reuse", "dtype", "tokens_per_block"),
+    ),
+    Binding(
+        "CudaGraphConfig",
+        keywords=("batch_sizes", "max_batch_size", "enable_padding"),
+        required=("max_batch_size", "enable_padding"),
+    ),
+    Binding(
+        "SamplingParams",
+        keywords=(
+            "max_tokens",
+            "stop_token_ids",
+            "include_stop_str_in_output",
+            "top_k",
+            "top_p",
+            "seed",
+            "temperature",
+            "logprobs",
+            "ignore_eos",
+            "detokenize",
+        ),
+        # A plain dataclass: it validates no types, so None is taken for every field.
+    ),
+    Binding(
+        "LLM",
+        keywords=(
+            "model",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "kv_cache_config",
+            "enable_chunked_prefill",
+            "scheduler_config",
+            "max_batch_size",
+            "max_input_len",
+            "max_seq_len",
+            "max_num_tokens",
+            "cuda_graph_config",
+            "enable_iter_perf_stats",
+        ),
+        positional=1,
+        required=(
+            "model",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "kv_cache_config",
+            "enable_chunked_prefill",
+            "scheduler_config",
+            "enable_iter_perf_stats",
+        ),
+        attributes=("generate_async", "generate", "get_stats", "shutdown"),
+    ),
+    Binding("RequestOutput", attributes=("outputs", "finished", "abort")),
+    Binding("CompletionOutput", attributes=("token_ids_diff", "logprobs_diff", "finish_reason")),
+)
+
+LLM_API_BY_NAME: dict[str, Binding] = {b.name: b for b in LLM_API_BINDINGS}
+
+# RequestOutput is consumed with ``async for``; these are checked with the attributes.
+ASYNC_ITERATION = ("__aiter__", "__anext__")
+
+# Keys of one ``LLM.get_stats()`` entry the LLM-API executor reads (IterationStats as
+# JSON: cpp/tensorrt_llm/executor/jsonSerialization.cpp).
+KV_CACHE_STATS_KEY = "kvCacheStats"
+KV_CACHE_STATS_FIELDS = ("maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock")

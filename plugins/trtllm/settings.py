@@ -49,21 +49,16 @@ def load_settings(config: TrtllmExecutorConfig) -> EngineSettings:
     engine-backend manifest, or the engine it names is missing.
     """
     engine_dir = config.engine_dir.expanduser()
-    manifest_path = engine_dir / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise ConfigError(
-            f"{engine_dir}: no {MANIFEST_NAME}; engine_dir must be a build-engines output "
-            "folder (the one holding manifest.json and the engine)"
-        )
-    manifest = load_manifest(manifest_path)
+    manifest, manifest_path = read_manifest(engine_dir)
     serving = manifest.serving
     if serving.backend != "engine":
         raise ConfigError(
             f"{manifest_path}: serving.backend is {serving.backend!r}; the trtllm executor "
-            "runs TensorRT engines (a build with backend: engine)"
+            "runs TensorRT engines (a build with backend: engine); serve a backend: pytorch "
+            "build with type: trtllm-llmapi"
         )
     options = manifest.llm_api_options
-    policy = config.capacity_scheduler_policy or _option(
+    policy = config.capacity_scheduler_policy or option(
         options, "scheduler_config.capacity_scheduler_policy", manifest_path
     )
     if policy not in CAPACITY_SCHEDULER_POLICIES:
@@ -72,33 +67,33 @@ def load_settings(config: TrtllmExecutorConfig) -> EngineSettings:
             f"{policy!r} is not one of {', '.join(CAPACITY_SCHEDULER_POLICIES)}"
         )
     return EngineSettings(
-        engine_path=_engine_path(engine_dir, manifest, manifest_path),
+        engine_path=artifact_path(engine_dir, manifest, manifest_path),
         tokens_per_block=serving.tokens_per_block,
         max_batch_size=serving.max_batch_size,
         max_num_tokens=serving.max_num_tokens,
         max_input_len=serving.max_input_len,
         max_seq_len=serving.max_seq_len,
         world_size=serving.tp * serving.pp,
-        kv_cache_free_gpu_memory_fraction=_pick(
+        kv_cache_free_gpu_memory_fraction=pick(
             config.kv_cache_free_gpu_memory_fraction,
             options,
             "kv_cache_config.free_gpu_memory_fraction",
             manifest_path,
         ),
         kv_cache_max_tokens=config.kv_cache_max_tokens,
-        enable_block_reuse=_pick(
+        enable_block_reuse=pick(
             config.enable_block_reuse, options, "kv_cache_config.enable_block_reuse", manifest_path
         ),
-        enable_chunked_context=_pick(
+        enable_chunked_context=pick(
             config.enable_chunked_context, options, "enable_chunked_prefill", manifest_path
         ),
-        cuda_graph_mode=_pick(
+        cuda_graph_mode=pick(
             config.cuda_graph_mode,
             options,
             "extended_runtime_perf_knob_config.cuda_graph_mode",
             manifest_path,
         ),
-        cuda_graph_cache_size=_pick(
+        cuda_graph_cache_size=pick(
             config.cuda_graph_cache_size,
             options,
             "extended_runtime_perf_knob_config.cuda_graph_cache_size",
@@ -125,21 +120,35 @@ def check_engine_config(settings: EngineSettings, engine: EngineConfig) -> None:
         )
 
 
-def _engine_path(engine_dir: Path, manifest: Manifest, manifest_path: Path) -> Path:
-    """The engine folder: where the build put it relative to ``engine_dir`` (so a copied
-    build folder works), else the absolute path the build recorded."""
+def read_manifest(build_dir: Path) -> tuple[Manifest, Path]:
+    """The verified manifest of a build-engines output folder, and its path. Raises
+    ``ConfigError`` naming the folder when it holds none."""
+    manifest_path = build_dir / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise ConfigError(
+            f"{build_dir}: no {MANIFEST_NAME}; it must be a build-engines output folder "
+            "(the one holding manifest.json and the artefact)"
+        )
+    return load_manifest(manifest_path), manifest_path
+
+
+def artifact_path(build_dir: Path, manifest: Manifest, manifest_path: Path) -> Path:
+    """The artefact folder (engine, or quantised checkpoint): where the build put it
+    relative to ``build_dir`` (so a copied build folder works), else the absolute path
+    the build recorded. Both hold a ``config.json``."""
     recorded = Path(manifest.serving.artifact_dir)
-    candidates = [engine_dir / recorded.name, recorded]
+    candidates = [build_dir / recorded.name, recorded]
     for candidate in candidates:
         if (candidate / ENGINE_CONFIG_NAME).is_file():
             return candidate
     raise ConfigError(
-        f"{manifest_path}: serving.artifact_dir: no engine ({ENGINE_CONFIG_NAME}) at "
+        f"{manifest_path}: serving.artifact_dir: no {ENGINE_CONFIG_NAME} at "
         + " or ".join(str(c) for c in candidates)
     )
 
 
-def _option(options: dict[str, Any], dotted: str, manifest_path: Path) -> Any:
+def option(options: dict[str, Any], dotted: str, manifest_path: Path) -> Any:
+    """The build's LLM-API option at ``dotted`` (``a.b``); ``ConfigError`` if missing."""
     value: Any = options
     for part in dotted.split("."):
         if not isinstance(value, dict) or part not in value:
@@ -148,5 +157,6 @@ def _option(options: dict[str, Any], dotted: str, manifest_path: Path) -> Any:
     return value
 
 
-def _pick(override: Any, options: dict[str, Any], dotted: str, manifest_path: Path) -> Any:
-    return override if override is not None else _option(options, dotted, manifest_path)
+def pick(override: Any, options: dict[str, Any], dotted: str, manifest_path: Path) -> Any:
+    """``override`` unless it is ``None``, else the build's option at ``dotted``."""
+    return override if override is not None else option(options, dotted, manifest_path)

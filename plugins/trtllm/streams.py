@@ -1,27 +1,42 @@
-"""Token streams of the requests running inside TensorRT-LLM's executor.
+"""Token streams of the requests running inside TensorRT-LLM, in either mode.
 
-The executor runs its own loop and streams each request's tokens as they come, usually
+TensorRT-LLM runs its own loop and streams each request's tokens as they come, usually
 ahead of our steps; each stream buffers them until the scheduler asks for the next one.
-Responses are read through the attributes listed in ``plugins.trtllm.names``.
+A backend reports what it heard as ``Update``s, keyed by the submission id it handed out
+when the request was sent; ``Streams`` applies them on the thread that runs ``execute``.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+
+@dataclass(frozen=True)
+class Update:
+    """What TensorRT-LLM reported for one submission: new output tokens, in order, with
+    their log-probabilities (``None`` where it sent none); ``final`` when no more will
+    come, with TensorRT-LLM's finish reason; ``error`` when it failed the request."""
+
+    submission: int
+    tokens: Sequence[int] = ()
+    logprobs: Sequence[float | None] = ()
+    final: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
 
 
 @dataclass
 class Stream:
-    """One request from its enqueue to its final response.
+    """One request from its submission to its final update.
 
     ``pending`` holds ``(token, logprob)`` pairs not yet handed out (``logprob`` is
     ``None`` unless the request asked for log-probabilities). ``last_token`` is the last
     token handed out; the scheduler runs it as the next decode token.
     """
 
-    engine_id: int
+    submission: int
     wants_logprobs: bool
     pending: deque[tuple[int, float | None]] = field(default_factory=deque)
     last_token: int | None = None
@@ -41,11 +56,11 @@ class Stream:
 
 
 class Streams:
-    """The live streams by our request id, and the executor's ids that map to them."""
+    """The live streams by our request id, and the submission ids that map to them."""
 
     def __init__(self) -> None:
         self._by_request: dict[str, Stream] = {}
-        self._by_engine: dict[int, str] = {}
+        self._by_submission: dict[int, str] = {}
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._by_request
@@ -53,42 +68,39 @@ class Streams:
     def get(self, request_id: str) -> Stream:
         return self._by_request[request_id]
 
-    def add(self, request_id: str, engine_id: int, wants_logprobs: bool) -> Stream:
+    def add(self, request_id: str, submission: int, wants_logprobs: bool) -> Stream:
         if request_id in self._by_request:
-            raise ValueError(f"request {request_id!r} already runs in the executor")
-        stream = Stream(engine_id, wants_logprobs)
+            raise ValueError(f"request {request_id!r} already runs in TensorRT-LLM")
+        stream = Stream(submission, wants_logprobs)
         self._by_request[request_id] = stream
-        self._by_engine[engine_id] = request_id
+        self._by_submission[submission] = request_id
         return stream
 
     def drop(self, request_id: str) -> Stream | None:
         """Forget a request; returns its stream (``None`` if it had none)."""
         stream = self._by_request.pop(request_id, None)
         if stream is not None:
-            del self._by_engine[stream.engine_id]
+            del self._by_submission[stream.submission]
         return stream
 
-    def route(self, response: Any) -> None:
-        """Apply one executor ``Response`` to its stream. Responses of requests already
-        dropped (cancelled, finished) are ignored: the executor still sends the final
-        response of a cancelled request."""
-        request_id = self._by_engine.get(response.request_id)
+    def route(self, update: Update) -> None:
+        """Apply one update to its stream. Updates of requests already dropped
+        (cancelled, finished) are ignored: TensorRT-LLM still sends the final update of
+        a cancelled request."""
+        request_id = self._by_submission.get(update.submission)
         if request_id is None:
             return
         stream = self._by_request[request_id]
-        if response.has_error():
-            stream.error = response.error_msg
+        if update.error is not None:
+            stream.error = update.error
             stream.final = True
             return
-        result = response.result
-        tokens = list(result.output_token_ids[0])  # beam 0: beam width is 1
-        logprobs: list[float | None] = [None] * len(tokens)
-        if stream.wants_logprobs and tokens and result.log_probs is not None:
-            # The engine executor sends the log-probabilities of all tokens so far with
-            # each streamed response; the tail is this response's (also right if only
-            # the new ones come).
-            logprobs = list(result.log_probs[0][-len(tokens) :])
-        stream.pending.extend(zip(tokens, logprobs, strict=True))
-        if result.is_final:
+        logprobs: Sequence[float | None] = (
+            update.logprobs
+            if stream.wants_logprobs and update.logprobs
+            else [None] * len(update.tokens)
+        )
+        stream.pending.extend(zip(update.tokens, logprobs, strict=True))
+        if update.final:
             stream.final = True
-            stream.finish_reason = result.finish_reasons[0].name
+            stream.finish_reason = update.finish_reason

@@ -88,6 +88,12 @@ def trtllm_fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
     return build_case(tmp_path_factory)
 
 
+def trtllm_llmapi_fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
+    from tests.trtllm.contract_case import trtllm_llmapi_fake_case as build_case
+
+    return build_case(tmp_path_factory)
+
+
 # Adding an executor to the suite: one more entry here.
 CASES = [
     pytest.param(fake_case, id="fake"),
@@ -95,6 +101,7 @@ CASES = [
     pytest.param(torch_smollm2_case, id="torch-smollm2", marks=pytest.mark.slow),
     pytest.param(sim_case, id="sim"),
     pytest.param(trtllm_fake_case, id="trtllm-fake"),
+    pytest.param(trtllm_llmapi_fake_case, id="trtllm-llmapi-fake"),
 ]
 
 

@@ -1,6 +1,7 @@
-"""Fake build folders, written through the build pipeline's own functions: the engine's
-``config.json`` holds exactly what verification checks (plus the fake model's knobs),
-and the manifest is what ``build-engines`` writes for the same spec."""
+"""Fake build folders, written through the build pipeline's own functions, for both
+backends: an engine's ``config.json`` (or a quantised checkpoint's ``config.json`` and
+``hf_quant_config.json``) holds exactly what verification checks, plus the fake model's
+knobs, and the manifest is what ``build-engines`` writes for the same spec."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from build_engines.commands import Layout, llm_api_options
 from build_engines.manifest import Manifest, write_manifest
 from build_engines.pipeline import serving_settings
 from build_engines.spec import BuildSpec
-from build_engines.verify import expected_engine_config, verify_artifact
+from build_engines.verify import (
+    expected_checkpoint_quantization,
+    expected_engine_config,
+    verify_artifact,
+)
 from orchestrator.core.config import (
     CacheConfig,
     EngineConfig,
@@ -23,13 +28,16 @@ from orchestrator.core.config import (
     ServerConfig,
 )
 from plugins.trtllm.config import TrtllmExecutorConfig
+from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
 
 
 @dataclass(frozen=True)
 class FakeBuild:
-    """A build's limits (tokens; sequences for ``max_batch_size``), its run-time section
-    and the fake model's knobs (see tests/trtllm/fake_tensorrt_llm/_engine.py)."""
+    """A build's backend, limits (tokens; sequences for ``max_batch_size``), run-time
+    section and the fake model's knobs (see tests/trtllm/fake_tensorrt_llm/_engine.py and
+    tests/trtllm/fake_llmapi/_llm.py)."""
 
+    backend: str = "engine"
     max_batch_size: int = 8
     max_num_tokens: int = 256
     max_input_len: int = 448
@@ -41,11 +49,14 @@ class FakeBuild:
     kv_memory_tokens: int = 4096
     iteration_ms: float = 1.0
     fail_token_id: int | None = None
+    eos_token_id: int = 2
+    gpus: int = 8
 
     def spec(self, root: Path) -> BuildSpec:
         return BuildSpec.model_validate(
             {
                 "name": "fake",
+                "backend": self.backend,
                 "model": {"spec": "llama3-8b", "source": "org/model", "revision": "main"},
                 "parallelism": {"tp": self.tp},
                 "limits": {
@@ -63,28 +74,26 @@ class FakeBuild:
 
 
 def write_build(root: Path, build: FakeBuild | None = None, *, verified: bool = True) -> Path:
-    """Write a build folder (manifest.json + engine/) under ``root``; returns ``root``."""
+    """Write a build folder (manifest.json + engine/ or checkpoint/) under ``root``;
+    returns ``root``."""
     build = build or FakeBuild()
     spec = build.spec(root)
     layout = Layout(root)
-    engine_dir = layout.engine_dir
-    engine_dir.mkdir(parents=True, exist_ok=True)
-    config: dict[str, Any] = {}
-    for dotted, value in expected_engine_config(spec).items():
-        *parents, leaf = dotted.split(".")
-        node = config
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    config["fake"] = {
+    knobs = {
         "vocab_size": build.vocab_size,
         "kv_memory_tokens": build.kv_memory_tokens,
         "iteration_ms": build.iteration_ms,
         "fail_token_id": build.fail_token_id,
     }
-    (engine_dir / "config.json").write_text(json.dumps(config, indent=2))
-    for rank in range(spec.parallelism.world_size):
-        (engine_dir / f"rank{rank}.engine").write_bytes(b"")
+    if spec.backend == "engine":
+        _write_engine(spec, layout, knobs)
+    else:
+        knobs |= {
+            "eos_token_id": build.eos_token_id,
+            "max_position_embeddings": build.max_seq_len,
+            "gpus": build.gpus,
+        }
+        _write_checkpoint(spec, layout, knobs)
     verification = verify_artifact(spec, layout)
     assert verification.passed, verification.differences
     if not verified:
@@ -97,7 +106,7 @@ def write_build(root: Path, build: FakeBuild | None = None, *, verified: bool = 
         spec_hash=spec.spec_hash,
         created_at="2025-01-01T00:00:00+00:00",
         source_revision=None,
-        tool_versions={"tensorrt_llm": "1.2.0"},
+        tool_versions={"tensorrt_llm": "1.2.1"},
         gpu_name=None,
         steps=[],
         llm_api_options=llm_api_options(spec),
@@ -108,20 +117,48 @@ def write_build(root: Path, build: FakeBuild | None = None, *, verified: bool = 
     return root
 
 
+def _nested(dotted: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _write_engine(spec: BuildSpec, layout: Layout, knobs: dict[str, Any]) -> None:
+    layout.engine_dir.mkdir(parents=True, exist_ok=True)
+    config = _nested(expected_engine_config(spec)) | {"fake": knobs}
+    (layout.engine_dir / "config.json").write_text(json.dumps(config, indent=2))
+    for rank in range(spec.parallelism.world_size):
+        (layout.engine_dir / f"rank{rank}.engine").write_bytes(b"")
+
+
+def _write_checkpoint(spec: BuildSpec, layout: Layout, knobs: dict[str, Any]) -> None:
+    layout.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    (layout.checkpoint_dir / "config.json").write_text(json.dumps({"fake": knobs}, indent=2))
+    (layout.checkpoint_dir / "model.safetensors").write_bytes(b"")
+    quant = _nested(expected_checkpoint_quantization(spec))
+    (layout.checkpoint_dir / "hf_quant_config.json").write_text(json.dumps(quant))
+
+
 def engine_config(
-    options: TrtllmExecutorConfig,
+    options: TrtllmExecutorConfig | TrtllmLlmApiConfig,
     *,
     block_size: int = 16,
     num_blocks: int | None = None,
     **scheduler: Any,
 ) -> EngineConfig:
-    """An engine config for the trtllm executor. It is assembled without validating the
-    executor section, which would look ``trtllm`` up among the installed entry points;
-    every other section is validated."""
+    """An engine config for either TensorRT-LLM executor. It is assembled without
+    validating the executor section, which would look the type up among the installed
+    entry points; every other section is validated."""
+    kind = "trtllm" if isinstance(options, TrtllmExecutorConfig) else "trtllm-llmapi"
     return EngineConfig.model_construct(
         model=ModelConfig(name="fake", source="unused"),
         scheduler=SchedulerConfig(**scheduler),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
-        executor=ExecutorSpec.model_construct(type="trtllm", options=options),
+        executor=ExecutorSpec.model_construct(type=kind, options=options),
         server=ServerConfig(),
     )

@@ -1,5 +1,5 @@
-"""Fixtures: fake build folders, executors started on them over the fake bindings, and a
-spy copy of the bindings that records what the adapter sends."""
+"""Fixtures: fake build folders, executors of both modes started on them over the fakes,
+and spy copies of the fakes that record what the adapters send."""
 
 from __future__ import annotations
 
@@ -11,12 +11,20 @@ from typing import Any
 
 import pytest
 
-from plugins.trtllm import TrtllmExecutor, TrtllmExecutorConfig
+from plugins.trtllm import (
+    TrtllmExecutor,
+    TrtllmExecutorConfig,
+    TrtllmLlmApiConfig,
+    TrtllmLlmApiExecutor,
+)
+from plugins.trtllm.llm_api.settings import load_settings as load_llm_settings
 from plugins.trtllm.settings import load_settings
-from tests.trtllm import fake_tensorrt_llm
+from tests.trtllm import fake_llmapi, fake_tensorrt_llm
 from tests.trtllm.builds import FakeBuild, write_build
 
 StartExecutor = Callable[..., TrtllmExecutor]
+StartLlmExecutor = Callable[..., TrtllmLlmApiExecutor]
+PYTORCH = FakeBuild(backend="pytorch")
 
 
 @dataclass
@@ -75,6 +83,76 @@ def start_executor(tmp_path: Path, calls: Calls) -> Iterator[StartExecutor]:
         config = TrtllmExecutorConfig(engine_dir=root, **options)
         executor = TrtllmExecutor.open(
             config, load_settings(config), bindings=bindings or spy_bindings(calls)
+        )
+        started.append(executor)
+        return executor
+
+    yield start
+    for executor in started:
+        executor.shutdown()
+
+
+@dataclass
+class LlmCalls:
+    """What the LLM-API adapter asked of the LLM: its options, and ``(inputs,
+    SamplingParams, RequestOutput)`` per ``generate_async`` call in order."""
+
+    options: list[dict[str, Any]] = field(default_factory=list)
+    submitted: list[tuple[list[int], Any, Any]] = field(default_factory=list)
+
+    def inputs(self) -> list[list[int]]:
+        """Input tokens of each submitted request, the warm-up request left out."""
+        return [inputs for inputs, _, _ in self.submitted[1:]]
+
+    def cancelled(self) -> list[int]:
+        """Indexes (warm-up left out) of the submitted requests that ended cancelled."""
+        return [
+            i
+            for i, (_, _, output) in enumerate(self.submitted[1:])
+            if output.outputs[0].finish_reason == "cancelled"
+        ]
+
+
+def spy_llmapi(calls: LlmCalls, llm_base: type | None = None) -> types.SimpleNamespace:
+    """The fake LLM API with an ``LLM`` that records into ``calls``."""
+    base = llm_base or fake_llmapi.LLM
+
+    class SpyLLM(base):  # type: ignore[misc, valid-type]
+        def __init__(self, model: Any, **kwargs: Any) -> None:
+            calls.options.append({"model": model, **kwargs})
+            super().__init__(model, **kwargs)
+
+        def generate_async(
+            self, inputs: Any, sampling_params: Any = None, *, streaming: bool = False
+        ) -> Any:
+            output = super().generate_async(inputs, sampling_params, streaming=streaming)
+            calls.submitted.append((list(inputs), sampling_params, output))
+            return output
+
+    names = {n: getattr(fake_llmapi, n) for n in fake_llmapi.__all__}
+    names["LLM"] = SpyLLM
+    return types.SimpleNamespace(**names)
+
+
+@pytest.fixture
+def llm_calls() -> LlmCalls:
+    return LlmCalls()
+
+
+@pytest.fixture
+def start_llm_executor(tmp_path: Path, llm_calls: LlmCalls) -> Iterator[StartLlmExecutor]:
+    """``start_llm_executor(build=FakeBuild(backend="pytorch", ...), llmapi=..., **options)``:
+    an LLM-API executor over the spy LLM API (recording into ``llm_calls``) on a fresh
+    PyTorch-backend build folder; every one started is shut down afterwards."""
+    started: list[TrtllmLlmApiExecutor] = []
+
+    def start(
+        build: FakeBuild | None = None, llmapi: Any = None, **options: Any
+    ) -> TrtllmLlmApiExecutor:
+        root = write_build(tmp_path / f"pytorch{len(started)}", build or PYTORCH)
+        config = TrtllmLlmApiConfig(build_dir=root, **options)
+        executor = TrtllmLlmApiExecutor.open(
+            config, load_llm_settings(config), llmapi=llmapi or spy_llmapi(llm_calls)
         )
         started.append(executor)
         return executor

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from orchestrator.core.executor import Executor
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput, StepResult
 from orchestrator.core.request import SamplingParams
-from tests.trtllm.fake_tensorrt_llm._model import next_token_logits
+from tests.trtllm.fake_model import next_token_logits
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0)
 

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput
 from orchestrator.core.request import SamplingParams
 from plugins.trtllm import TrtllmError, TrtllmStalledError
-from plugins.trtllm.executor import resume_seed
+from plugins.trtllm.runner import resume_seed
 from tests.trtllm import fake_tensorrt_llm
 from tests.trtllm.builds import FakeBuild
 from tests.trtllm.conftest import Calls, StartExecutor, spy_bindings

@@ -83,7 +83,7 @@ def test_a_folder_without_a_manifest_is_named(tmp_path: Path) -> None:
 
 def test_a_missing_engine_is_named(tmp_path: Path) -> None:
     shutil.rmtree(write_build(tmp_path) / "engine")
-    with pytest.raises(ConfigError, match=r"serving.artifact_dir: no engine \(config.json\)"):
+    with pytest.raises(ConfigError, match=r"serving.artifact_dir: no config.json at"):
         settings_for(tmp_path)
 
 

@@ -1,24 +1,24 @@
-"""The fake ``Executor``: a background thread that runs in-flight batching iterations
-over a toy model, as TensorRT-LLM's C++ executor does over an engine.
+"""The fake ``Executor``: TensorRT-LLM 1.2.x's C++ executor over an engine folder, with
+in-flight batching by ``tests.trtllm.fake_batching`` (capacity policies included).
 
 What it reproduces, because the adapter relies on it:
 
 - ``enqueue_request`` returns an id at once (1, 2, ...); the request is validated by
   the worker, and an invalid one gets an error response, not an exception.
 - Tokens are produced asynchronously, one per request per iteration once its context is
-  processed (in chunks of at most ``max_num_tokens`` a step when chunked context is on).
-  With ``streaming`` each response holds that iteration's new tokens; log-probabilities,
-  when asked for, come for all tokens so far.
+  processed (in chunks within ``max_num_tokens`` when chunked context is on). With
+  ``streaming`` each response holds that iteration's new tokens (the input too in the
+  first, unless ``exclude_input_from_output``); without it one final response holds
+  them all. Log-probabilities, when asked for, come for all tokens so far.
 - A request ends with a final response: ``LENGTH`` after ``max_tokens`` tokens,
   ``STOP_WORDS`` when its output ends with a stop word (included in the output),
   ``END_ID`` when it samples ``end_id`` (left out of the output; -1 disables it).
-  ``cancel_request`` ends a running request with a final ``CANCELLED`` response; ids it
-  does not know are ignored.
+  ``cancel_request`` ends a request with a final ``CANCELLED`` response; ids it does not
+  know are ignored.
 - The KV cache holds ``kv_memory_tokens x free_gpu_memory_fraction`` tokens (default
   fraction 0.9), capped by ``KvCacheConfig.max_tokens``, in blocks of the engine's
-  ``tokens_per_block``. Admission reserves a request's input plus ``max_tokens`` (the
-  ``GUARANTEED_NO_EVICT`` rule; the fake applies it under every policy); what does not
-  fit waits in the queue. Every iteration records ``IterationStats`` with the KV stats.
+  ``tokens_per_block``, and is shared under the ``SchedulerConfig``'s capacity policy
+  (see fake_batching). Every iteration records ``IterationStats`` with the KV stats.
 
 The engine folder's ``config.json`` gives the limits (``build_config``) and the fake's
 own knobs (``fake``: ``vocab_size``, ``kv_memory_tokens``, ``iteration_ms``, and
@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.trtllm.fake_tensorrt_llm._model import Sampler, next_token_logits
+from tests.trtllm.fake_batching import Batcher, Event, Job, KvPicture, Limits
+from tests.trtllm.fake_model import Sampler
 from tests.trtllm.fake_tensorrt_llm._types import (
     ExecutorConfig,
     FinishReason,
@@ -85,219 +85,42 @@ class EngineLimits:
             fail_token_id=fake.get("fail_token_id"),
         )
 
-
-@dataclass
-class _Running:
-    engine_id: int
-    request: Request
-    sampler: Sampler
-    context: list[int]
-    blocks: int
-    computed: int = 0
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    sent_input: bool = False
-
-
-class _Engine:
-    """State shared by the ``Executor`` front and its worker thread."""
-
-    def __init__(self, limits: EngineLimits, config: ExecutorConfig) -> None:
-        self.limits = limits
-        self.config = config
+    def runtime(self, config: ExecutorConfig) -> Limits:
+        """The batcher's limits under ``config``: the engine's, narrowed by the config."""
         kv = config.kv_cache_config
         fraction = kv.free_gpu_memory_fraction
-        tokens = int(
-            limits.kv_memory_tokens * (_DEFAULT_FRACTION if fraction is None else fraction)
-        )
+        tokens = int(self.kv_memory_tokens * (_DEFAULT_FRACTION if fraction is None else fraction))
         if kv.max_tokens is not None:
             tokens = min(tokens, kv.max_tokens)
-        self.total_blocks = tokens // limits.tokens_per_block
-        self.max_batch_size = min(
-            config.max_batch_size or limits.max_batch_size, limits.max_batch_size
+        return Limits(
+            max_batch_size=min(config.max_batch_size or self.max_batch_size, self.max_batch_size),
+            max_num_tokens=min(config.max_num_tokens or self.max_num_tokens, self.max_num_tokens),
+            max_input_len=self.max_input_len,
+            max_seq_len=self.max_seq_len,
+            tokens_per_block=self.tokens_per_block,
+            vocab_size=self.vocab_size,
+            kv_blocks=tokens // self.tokens_per_block,
+            iteration_s=self.iteration_s,
+            chunked_context=config.enable_chunked_context,
+            policy=config.scheduler_config.capacity_scheduler_policy.name,
+            fail_token_id=self.fail_token_id,
         )
-        self.max_num_tokens = min(
-            config.max_num_tokens or limits.max_num_tokens, limits.max_num_tokens
-        )
-        self.cond = threading.Condition()
-        self.queue: deque[tuple[int, Request]] = deque()
-        self.cancelled: set[int] = set()
-        self.responses: list[Response] = []
-        self.stats: deque[IterationStats] = deque(maxlen=_STATS_KEPT)
-        self.stopping = False
-        self.running: list[_Running] = []
-        self.free_blocks = self.total_blocks
-        self.thread = threading.Thread(target=self.run, name="fake-trtllm-executor", daemon=True)
-
-    # ------------------------------------------------------------------ worker
-
-    def run(self) -> None:
-        while True:
-            with self.cond:
-                while not (self.stopping or self.queue or self.running or self.cancelled):
-                    self.cond.wait()
-                if self.stopping:
-                    return
-                cancelled, self.cancelled = self.cancelled, set()
-            out: list[Response] = []
-            self._cancel(cancelled, out)
-            self._admit(out)
-            self._iterate(out)
-            with self.cond:
-                self.responses.extend(out)
-                self.stats.append(self._iteration_stats())
-                self.cond.notify_all()
-            time.sleep(self.limits.iteration_s)
-
-    def _cancel(self, ids: set[int], out: list[Response]) -> None:
-        with self.cond:
-            queued = [item for item in self.queue if item[0] in ids]
-            for item in queued:
-                self.queue.remove(item)
-        for engine_id, _ in queued:
-            out.append(_final(engine_id, [], None, FinishReason.CANCELLED))
-        for running in [r for r in self.running if r.engine_id in ids]:
-            self._finish(running)
-            out.append(_final(running.engine_id, [], None, FinishReason.CANCELLED))
-
-    def _admit(self, out: list[Response]) -> None:
-        while len(self.running) < self.max_batch_size:
-            with self.cond:
-                if not self.queue:
-                    return
-                engine_id, request = self.queue[0]
-            error = self._invalid(request)
-            need = self._blocks_for(len(request.input_token_ids) + request.max_tokens)
-            if error is None and need > self.total_blocks:
-                error = f"Request needs {need} KV cache blocks; the cache holds {self.total_blocks}"
-            if error is None and need > self.free_blocks:
-                return  # waits, in order, for blocks to free up
-            with self.cond:
-                self.queue.popleft()
-            if error is not None:
-                out.append(Response._make(engine_id, None, error))
-                continue
-            self.free_blocks -= need
-            self.running.append(
-                _Running(
-                    engine_id,
-                    request,
-                    Sampler(request.sampling_config),
-                    list(request.input_token_ids),
-                    need,
-                )
-            )
-
-    def _invalid(self, request: Request) -> str | None:
-        n, limits = len(request.input_token_ids), self.limits
-        if n == 0:
-            return "Input length must be at least 1"
-        if n > limits.max_input_len:
-            return f"Prompt length ({n}) exceeds maximum input length ({limits.max_input_len})."
-        if request.max_tokens < 1:
-            return f"max_tokens must be at least 1, got {request.max_tokens}"
-        if n + request.max_tokens > limits.max_seq_len:
-            return (
-                f"Prompt length + number of requested output tokens ({n} + "
-                f"{request.max_tokens}) exceeds maximum sequence length ({limits.max_seq_len})."
-            )
-        bad = [t for t in request.input_token_ids if not 0 <= t < limits.vocab_size]
-        if bad:
-            return f"Token id {bad[0]} is outside the vocabulary of {limits.vocab_size}"
-        return None
-
-    def _iterate(self, out: list[Response]) -> None:
-        budget = self.max_num_tokens
-        for running in list(self.running):
-            remaining = len(running.context) - running.computed
-            if remaining > 0:
-                if self.config.enable_chunked_context:
-                    chunk = min(remaining, budget)
-                else:
-                    chunk = remaining if remaining <= budget else 0
-                running.computed += chunk
-                budget -= chunk
-                if running.computed < len(running.context):
-                    continue
-            elif budget < 1:
-                continue
-            else:
-                budget -= 1
-            out.append(self._generate(running))
-
-    def _generate(self, running: _Running) -> Response:
-        request, engine_id = running.request, running.engine_id
-        fail = self.limits.fail_token_id
-        if running.output and fail is not None and fail in request.input_token_ids:
-            self._finish(running)
-            return Response._make(engine_id, None, f"Encountered an error in forward: token {fail}")
-        token, logprob = running.sampler.sample(
-            next_token_logits(running.context, self.limits.vocab_size)
-        )
-        new: list[int] = []
-        reason = FinishReason.NOT_FINISHED
-        if request.end_id is not None and request.end_id != -1 and token == request.end_id:
-            reason = FinishReason.END_ID  # the end id is left out of the output
-        else:
-            running.context.append(token)
-            running.output.append(token)
-            running.logprobs.append(logprob)
-            new = [token]
-            if any(w and running.output[-len(w) :] == w for w in request.stop_words or []):
-                reason = FinishReason.STOP_WORDS
-            elif len(running.output) >= request.max_tokens:
-                reason = FinishReason.LENGTH
-        running.computed = len(running.context)
-        if not request.output_config.exclude_input_from_output and not running.sent_input:
-            new = list(request.input_token_ids) + new
-        running.sent_input = True
-        if reason != FinishReason.NOT_FINISHED:
-            self._finish(running)
-        logprobs = list(running.logprobs) if request.output_config.return_log_probs else None
-        result = Result()
-        result.is_final = reason != FinishReason.NOT_FINISHED
-        result.output_token_ids = [new]
-        result.log_probs = [logprobs] if logprobs is not None else None
-        result.finish_reasons = [reason]
-        return Response._make(engine_id, result, None)
-
-    def _finish(self, running: _Running) -> None:
-        self.running.remove(running)
-        self.free_blocks += running.blocks
-
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.limits.tokens_per_block)
-
-    def _iteration_stats(self) -> IterationStats:
-        kv = KvCacheStats()
-        kv.max_num_blocks = self.total_blocks
-        kv.tokens_per_block = self.limits.tokens_per_block
-        stats = IterationStats()
-        stats.kv_cache_stats = kv
-        return stats
-
-    def stop(self) -> None:
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
 
 
-def _final(
-    engine_id: int, tokens: list[int], logprobs: list[float] | None, reason: FinishReason
-) -> Response:
+def _result(tokens: list[int], logprobs: list[float] | None, reason: FinishReason) -> Result:
     result = Result()
-    result.is_final = True
+    result.is_final = reason != FinishReason.NOT_FINISHED
     result.output_token_ids = [tokens]
     result.log_probs = [logprobs] if logprobs is not None else None
     result.finish_reasons = [reason]
-    return Response._make(engine_id, result, None)
+    return result
 
 
 class Executor:
     """The subset of ``tensorrt_llm.bindings.executor.Executor`` the adapter uses."""
 
     def __init__(
-        self, *, model_path: Any, model_type: ModelType, executor_config: ExecutorConfig
+        self, model_path: Any, model_type: ModelType, executor_config: ExecutorConfig
     ) -> None:
         path = Path(model_path_arg(model_path))
         if not isinstance(model_type, ModelType):
@@ -308,22 +131,39 @@ class Executor:
             )
         if not (path / "config.json").is_file():
             raise RuntimeError(f"[TensorRT-LLM][ERROR] cannot open {path / 'config.json'}")
-        engine = _Engine(EngineLimits.read(path), executor_config)
-        self._engine = engine
-        self._next_id = 1
+        self._cond = threading.Condition()
+        self._responses: list[Response] = []
+        self._stats: deque[IterationStats] = deque(maxlen=_STATS_KEPT)
+        self._requests: dict[int, Request] = {}
+        self._held: dict[int, list[int]] = {}  # tokens not yet sent, by engine id
+        self._stopping = False
         self._shut_down = False
-        # The worker holds no reference to this object, so a dropped executor stops it.
-        weakref.finalize(self, engine.stop)
-        engine.thread.start()
+        self._batcher = Batcher(EngineLimits.read(path).runtime(executor_config), self._collect)
+        weakref.finalize(self, self._batcher.stop)
 
     def enqueue_request(self, request: Request) -> int:
         if not isinstance(request, Request):
             raise TypeError(f"enqueue_request(): {request!r} is not a Request")
         self._check_open()
-        engine_id, self._next_id = self._next_id, self._next_id + 1
-        with self._engine.cond:
-            self._engine.queue.append((engine_id, request))
-            self._engine.cond.notify_all()
+        sampling = request.sampling_config
+        job = Job(
+            list(request.input_token_ids),
+            request.max_tokens,
+            Sampler(
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                temperature=sampling.temperature,
+                seed=sampling.seed,
+            ),
+            stop_words=list(request.stop_words or []),
+            end_id=request.end_id,
+        )
+        with self._cond:
+            # Registered before the worker can answer for it.
+            engine_id = self._batcher.submit(job)
+            self._requests[engine_id] = request
+            excluded = request.output_config.exclude_input_from_output
+            self._held[engine_id] = [] if excluded else list(request.input_token_ids)
         return engine_id
 
     def await_responses(self, timeout: timedelta | None = None) -> list[Response]:
@@ -332,34 +172,68 @@ class Executor:
         if timeout is not None and not isinstance(timeout, timedelta):
             raise TypeError(f"await_responses(): timeout={timeout!r} is not a datetime.timedelta")
         self._check_open()
-        engine = self._engine
-        with engine.cond:
-            engine.cond.wait_for(
-                lambda: bool(engine.responses) or engine.stopping,
+        with self._cond:
+            self._cond.wait_for(
+                lambda: bool(self._responses) or self._stopping,
                 None if timeout is None else timeout.total_seconds(),
             )
-            ready, engine.responses = engine.responses, []
+            ready, self._responses = self._responses, []
         return ready
 
     def cancel_request(self, id: int) -> None:
         self._check_open()
-        with self._engine.cond:
-            self._engine.cancelled.add(id)
-            self._engine.cond.notify_all()
+        self._batcher.cancel(id)
 
     def get_latest_iteration_stats(self) -> list[IterationStats]:
         self._check_open()
-        with self._engine.cond:
-            stats = list(self._engine.stats)
-            self._engine.stats.clear()
+        with self._cond:
+            stats = list(self._stats)
+            self._stats.clear()
         return stats
 
     def shutdown(self) -> None:
-        self._engine.stop()
-        if self._engine.thread is not threading.current_thread():
-            self._engine.thread.join()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._batcher.stop()
         self._shut_down = True
 
     def _check_open(self) -> None:
         if self._shut_down:
             raise RuntimeError("[TensorRT-LLM][ERROR] the executor has been shut down")
+
+    # ------------------------------------------------------------------ worker side
+
+    def _collect(self, events: list[Event], kv: KvPicture) -> None:
+        stats = IterationStats()
+        stats.kv_cache_stats = KvCacheStats()
+        stats.kv_cache_stats.max_num_blocks = kv.max_blocks
+        stats.kv_cache_stats.tokens_per_block = kv.tokens_per_block
+        with self._cond:
+            for event in events:
+                response = self._response(event)
+                if response is not None:
+                    self._responses.append(response)
+            self._stats.append(stats)
+            self._cond.notify_all()
+
+    def _response(self, event: Event) -> Response | None:
+        """The response ``event`` makes, if any (holds ``_cond``)."""
+        request = self._requests.get(event.job_id)
+        if request is None:
+            return None
+        if event.error is not None or event.final:
+            del self._requests[event.job_id]
+        if event.error is not None:
+            del self._held[event.job_id]
+            return Response._make(event.job_id, None, event.error)
+        held = self._held[event.job_id]
+        held.extend(event.tokens)
+        if not (request.streaming or event.final):
+            return None  # a non-streaming request gets one final response
+        tokens, self._held[event.job_id] = list(held), []
+        if event.final:
+            del self._held[event.job_id]
+        logprobs = list(event.logprobs) if request.output_config.return_log_probs else None
+        result = _result(tokens, logprobs, FinishReason[event.reason])
+        return Response._make(event.job_id, result, None)

@@ -1,8 +1,11 @@
 """Value types of the fake ``tensorrt_llm.bindings.executor``: the subset of each class
 that plugins/trtllm/names.py lists, with TensorRT-LLM 1.2.x's names and defaults.
 
-Constructors take keywords only (the adapter passes nothing else) and check argument
-types the way the C++ bindings do, so a wrong type fails here as it would there.
+Constructors take the listed keywords by position exactly as far as the real ones do
+(``Binding.positional``; beyond that the real order continues with parameters the
+adapter does not use, so the fake takes keywords only) and check argument types the way
+the C++ bindings do: a wrong type fails here as it would there, and ``None`` is refused
+wherever the real parameter is not ``std::optional`` (``Binding.required``).
 ``__slots__`` keeps every instance to its listed attributes.
 """
 
@@ -15,6 +18,8 @@ from typing import Any
 
 _UINT64_MAX = (1 << 64) - 1
 _INT32_MAX = (1 << 31) - 1
+# The default of a C++ ``const&`` parameter: a default-constructed object, made per call.
+_DEFAULT: Any = object()
 
 
 def _check(owner: str, name: str, value: Any, *types: type, optional: bool = False) -> None:
@@ -72,7 +77,6 @@ class SchedulerConfig:
 
     def __init__(
         self,
-        *,
         capacity_scheduler_policy: CapacitySchedulerPolicy = (
             CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
         ),
@@ -87,13 +91,16 @@ class SchedulerConfig:
 
 
 class KvCacheConfig:
+    """``free_gpu_memory_fraction`` is the fifth positional parameter of the real class,
+    after two the adapter does not use; the fake takes it by keyword only."""
+
     __slots__ = ("enable_block_reuse", "free_gpu_memory_fraction", "max_tokens")
 
     def __init__(
         self,
-        *,
         enable_block_reuse: bool = True,
         max_tokens: int | None = None,
+        *,
         free_gpu_memory_fraction: float | None = None,
     ) -> None:
         _check("KvCacheConfig", "enable_block_reuse", enable_block_reuse, bool)
@@ -142,7 +149,7 @@ class ExtendedRuntimePerfKnobConfig:
 class OrchestratorConfig:
     __slots__ = ("is_orchestrator", "worker_executable_path")
 
-    def __init__(self, *, is_orchestrator: bool = True, worker_executable_path: str = "") -> None:
+    def __init__(self, is_orchestrator: bool = True, worker_executable_path: str = "") -> None:
         _check("OrchestratorConfig", "is_orchestrator", is_orchestrator, bool)
         _check("OrchestratorConfig", "worker_executable_path", worker_executable_path, str)
         self.is_orchestrator = is_orchestrator
@@ -150,13 +157,16 @@ class OrchestratorConfig:
 
 
 class ParallelConfig:
+    """``orchestrator_config`` is positional in the real class only after two unused
+    parameters (device and participant ids)."""
+
     __slots__ = ("communication_mode", "communication_type", "orchestrator_config")
 
     def __init__(
         self,
-        *,
         communication_type: CommunicationType = CommunicationType.MPI,
         communication_mode: CommunicationMode = CommunicationMode.LEADER,
+        *,
         orchestrator_config: OrchestratorConfig | None = None,
     ) -> None:
         _check("ParallelConfig", "communication_type", communication_type, CommunicationType)
@@ -174,6 +184,12 @@ class ParallelConfig:
 
 
 class ExecutorConfig:
+    """The real constructor takes every parameter by position; after the first four the
+    fake takes keywords only, because the real order continues with parameters the
+    adapter does not use. ``scheduler_config``, ``kv_cache_config`` and
+    ``extended_runtime_perf_knob_config`` are ``const&`` parameters: ``None`` is
+    refused, a default-constructed object is the default."""
+
     __slots__ = (
         "enable_chunked_context",
         "extended_runtime_perf_knob_config",
@@ -187,20 +203,24 @@ class ExecutorConfig:
 
     def __init__(
         self,
-        *,
         max_beam_width: int = 1,
-        scheduler_config: SchedulerConfig | None = None,
-        kv_cache_config: KvCacheConfig | None = None,
+        scheduler_config: SchedulerConfig = _DEFAULT,
+        kv_cache_config: KvCacheConfig = _DEFAULT,
         enable_chunked_context: bool = False,
+        *,
         max_batch_size: int | None = None,
         max_num_tokens: int | None = None,
         parallel_config: ParallelConfig | None = None,
-        extended_runtime_perf_knob_config: ExtendedRuntimePerfKnobConfig | None = None,
+        extended_runtime_perf_knob_config: ExtendedRuntimePerfKnobConfig = _DEFAULT,
     ) -> None:
         owner = "ExecutorConfig"
+        scheduler_config = SchedulerConfig() if scheduler_config is _DEFAULT else scheduler_config
+        kv_cache_config = KvCacheConfig() if kv_cache_config is _DEFAULT else kv_cache_config
+        if extended_runtime_perf_knob_config is _DEFAULT:
+            extended_runtime_perf_knob_config = ExtendedRuntimePerfKnobConfig()
         _check(owner, "max_beam_width", max_beam_width, int)
-        _check(owner, "scheduler_config", scheduler_config, SchedulerConfig, optional=True)
-        _check(owner, "kv_cache_config", kv_cache_config, KvCacheConfig, optional=True)
+        _check(owner, "scheduler_config", scheduler_config, SchedulerConfig)
+        _check(owner, "kv_cache_config", kv_cache_config, KvCacheConfig)
         _check(owner, "enable_chunked_context", enable_chunked_context, bool)
         _check(owner, "max_batch_size", max_batch_size, int, optional=True)
         _check(owner, "max_num_tokens", max_num_tokens, int, optional=True)
@@ -210,41 +230,38 @@ class ExecutorConfig:
             "extended_runtime_perf_knob_config",
             extended_runtime_perf_knob_config,
             ExtendedRuntimePerfKnobConfig,
-            optional=True,
         )
         self.max_beam_width = max_beam_width
-        self.scheduler_config = scheduler_config or SchedulerConfig()
-        self.kv_cache_config = kv_cache_config or KvCacheConfig()
+        self.scheduler_config = scheduler_config
+        self.kv_cache_config = kv_cache_config
         self.enable_chunked_context = enable_chunked_context
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
         self.parallel_config = parallel_config
-        self.extended_runtime_perf_knob_config = (
-            extended_runtime_perf_knob_config or ExtendedRuntimePerfKnobConfig()
-        )
+        self.extended_runtime_perf_knob_config = extended_runtime_perf_knob_config
 
 
 class SamplingConfig:
     """Unset fields take the C++ defaults: top_k 0 (all tokens), top_p 0, temperature 1,
-    seed 0."""
+    seed 0. As in the real class, only ``beam_width`` is positional."""
 
     __slots__ = ("beam_width", "seed", "temperature", "top_k", "top_p")
 
     def __init__(
         self,
-        *,
         beam_width: int = 1,
+        *,
         top_k: int | None = None,
         top_p: float | None = None,
-        temperature: float | None = None,
         seed: int | None = None,
+        temperature: float | None = None,
     ) -> None:
         owner = "SamplingConfig"
         _check(owner, "beam_width", beam_width, int)
         _check(owner, "top_k", top_k, int, optional=True)
         _check(owner, "top_p", top_p, float, int, optional=True)
-        _check(owner, "temperature", temperature, float, int, optional=True)
         _check(owner, "seed", seed, int, optional=True)
+        _check(owner, "temperature", temperature, float, int, optional=True)
         if seed is not None and not 0 <= seed <= _UINT64_MAX:
             raise TypeError(f"{owner}(): seed={seed} does not fit an unsigned 64-bit integer")
         if beam_width != 1:
@@ -252,23 +269,39 @@ class SamplingConfig:
         self.beam_width = beam_width
         self.top_k = top_k
         self.top_p = top_p
-        self.temperature = temperature
         self.seed = seed
+        self.temperature = temperature
 
 
 class OutputConfig:
+    """Every parameter of the real constructor is an optional bool (``None``: false);
+    ``exclude_input_from_output`` is its fourth, after two the adapter does not use."""
+
     __slots__ = ("exclude_input_from_output", "return_log_probs")
 
     def __init__(
-        self, *, return_log_probs: bool = False, exclude_input_from_output: bool = False
+        self,
+        return_log_probs: bool | None = None,
+        *,
+        exclude_input_from_output: bool | None = None,
     ) -> None:
-        _check("OutputConfig", "return_log_probs", return_log_probs, bool)
-        _check("OutputConfig", "exclude_input_from_output", exclude_input_from_output, bool)
-        self.return_log_probs = return_log_probs
-        self.exclude_input_from_output = exclude_input_from_output
+        _check("OutputConfig", "return_log_probs", return_log_probs, bool, optional=True)
+        _check(
+            "OutputConfig",
+            "exclude_input_from_output",
+            exclude_input_from_output,
+            bool,
+            optional=True,
+        )
+        self.return_log_probs = bool(return_log_probs)
+        self.exclude_input_from_output = bool(exclude_input_from_output)
 
 
 class Request:
+    """As in the real class, ``input_token_ids`` and ``max_tokens`` are positional and
+    the rest keyword-only; ``sampling_config`` and ``output_config`` are ``const&``
+    parameters (``None`` refused, a default-constructed object is the default)."""
+
     __slots__ = (
         "end_id",
         "input_token_ids",
@@ -282,24 +315,26 @@ class Request:
 
     def __init__(
         self,
-        *,
         input_token_ids: list[int],
         max_tokens: int,
+        *,
         streaming: bool = False,
-        sampling_config: SamplingConfig | None = None,
-        output_config: OutputConfig | None = None,
+        sampling_config: SamplingConfig = _DEFAULT,
+        output_config: OutputConfig = _DEFAULT,
         end_id: int | None = None,
         pad_id: int | None = None,
         stop_words: list[list[int]] | None = None,
     ) -> None:
         owner = "Request"
+        sampling_config = SamplingConfig() if sampling_config is _DEFAULT else sampling_config
+        output_config = OutputConfig() if output_config is _DEFAULT else output_config
         self.input_token_ids = _tokens(owner, "input_token_ids", input_token_ids)
         _check(owner, "max_tokens", max_tokens, int)
         if not -_INT32_MAX <= max_tokens <= _INT32_MAX:
             raise TypeError(f"{owner}(): max_tokens={max_tokens} does not fit a 32-bit integer")
         _check(owner, "streaming", streaming, bool)
-        _check(owner, "sampling_config", sampling_config, SamplingConfig, optional=True)
-        _check(owner, "output_config", output_config, OutputConfig, optional=True)
+        _check(owner, "sampling_config", sampling_config, SamplingConfig)
+        _check(owner, "output_config", output_config, OutputConfig)
         _check(owner, "end_id", end_id, int, optional=True)
         _check(owner, "pad_id", pad_id, int, optional=True)
         if stop_words is not None:
@@ -308,8 +343,8 @@ class Request:
             stop_words = [_tokens(owner, "stop_words", w) for w in stop_words]
         self.max_tokens = max_tokens
         self.streaming = streaming
-        self.sampling_config = sampling_config or SamplingConfig()
-        self.output_config = output_config or OutputConfig()
+        self.sampling_config = sampling_config
+        self.output_config = output_config
         self.end_id = end_id
         self.pad_id = pad_id
         self.stop_words = stop_words

@@ -1,11 +1,11 @@
-"""The fake engine's language model and sampler.
+"""The language model and sampler behind both TensorRT-LLM fakes.
 
 Logits are a pure function of the context (its last tokens and its length), so greedy
-decoding gives the same tokens however a request is batched, chunked or re-enqueued.
+decoding gives the same tokens however a request is batched, chunked or re-submitted.
 Sampling follows TensorRT-LLM's rules: ``top_k == 1``, or neither ``top_k`` nor
 ``top_p`` set, is greedy; otherwise temperature, then top-k, then top-p, then one draw
-from a generator seeded once per request when it is enqueued (seed 0 when unset), so a
-re-enqueued request starts its random sequence again.
+from a generator seeded once per request when it is submitted (seed 0 when unset), so a
+re-submitted request starts its random sequence again.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import hashlib
 import math
 import random
 from collections.abc import Sequence
-
-from tests.trtllm.fake_tensorrt_llm._types import SamplingConfig
 
 _WINDOW = 8  # context tokens the logits depend on (with the context length)
 
@@ -29,14 +27,22 @@ def next_token_logits(context: Sequence[int], vocab_size: int) -> list[float]:
 
 class Sampler:
     """Picks each token of one request; returns it with its log-probability under the
-    temperature-scaled distribution."""
+    temperature-scaled distribution. Unset values take TensorRT-LLM's defaults (top-k 0,
+    top-p 0, temperature 1, seed 0)."""
 
-    def __init__(self, config: SamplingConfig) -> None:
-        self.top_k = config.top_k or 0
-        self.top_p = float(config.top_p or 0.0)
-        self.temperature = float(config.temperature if config.temperature is not None else 1.0)
+    def __init__(
+        self,
+        *,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.top_k = top_k or 0
+        self.top_p = float(top_p or 0.0)
+        self.temperature = float(temperature if temperature is not None else 1.0)
         self.greedy = self.top_k == 1 or (self.top_k == 0 and self.top_p == 0.0)
-        self._rng = random.Random(config.seed or 0)
+        self._rng = random.Random(seed or 0)
 
     def sample(self, logits: list[float]) -> tuple[int, float]:
         temperature = self.temperature if self.temperature > 0 else 1.0

@@ -1,0 +1,141 @@
+"""Requests on ``LLM.generate_async`` streams, driven from the engine's thread.
+
+A ``RequestOutput`` is iterated with ``async for`` on the event loop that was running
+when ``generate_async`` made it (its queue is an asyncio queue only then), as
+``trtllm-serve`` does. So the backend keeps one event loop on a thread of its own: each
+submission calls ``generate_async`` there and starts a task that turns every streamed
+output into an ``Update`` on a thread-safe queue, which ``poll`` reads on the engine's
+thread. Aborts run on the loop too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from orchestrator.core import SamplingParams
+from plugins.trtllm.llm_api import translate
+from plugins.trtllm.streams import Update
+
+T = TypeVar("T")
+
+_SUBMIT_TIMEOUT_S = 60.0  # generate_async only queues the request; it returns at once
+
+
+class EventLoopThread:
+    """An asyncio event loop running on a daemon thread until ``stop``."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="trtllm-llmapi-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, fn: Callable[..., T], *args: Any, timeout_s: float = _SUBMIT_TIMEOUT_S) -> T:
+        """Run ``fn(*args)`` on the loop (so it sees a running loop) and return its
+        result, or raise what it raised."""
+        done: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn(*args))
+            except BaseException as err:  # handed to the caller, not lost on the loop
+                done.set_exception(err)
+
+        self.loop.call_soon_threadsafe(run)
+        return done.result(timeout=timeout_s)
+
+    def soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop without waiting for it."""
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def stop(self) -> None:
+        """Cancel the loop's tasks, stop it and wait for its thread; safe to call twice."""
+        if self.loop.is_closed():
+            return
+
+        def cancel_all() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_soon(self.loop.stop)
+
+        self.loop.call_soon_threadsafe(cancel_all)
+        if threading.current_thread() is self._thread:
+            return  # called from a task on the loop: it stops once this callback returns
+        self._thread.join()
+        self.loop.close()
+
+
+class LlmApiBackend:
+    """Submissions are our own counter; ``RequestOutput`` handles live on the loop."""
+
+    def __init__(self, llmapi: Any, llm: Any, loop: EventLoopThread) -> None:
+        self._llmapi = llmapi
+        self._llm = llm
+        self._loop = loop
+        self._updates: queue.SimpleQueue[Update] = queue.SimpleQueue()
+        self._handles: dict[int, Any] = {}  # touched on the loop's thread only
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next = 1
+
+    def submit(
+        self, tokens: Sequence[int], max_tokens: int, sampling: SamplingParams, seed: int | None
+    ) -> int:
+        params = translate.sampling_params(self._llmapi, sampling, max_tokens, seed)
+        submission, self._next = self._next, self._next + 1
+        self._loop.call(self._start, submission, list(tokens), params)
+        return submission
+
+    def cancel(self, submission: int) -> None:
+        self._loop.soon(self._abort, submission)
+
+    def poll(self, timeout_s: float) -> list[Update]:
+        try:
+            first = (
+                self._updates.get(timeout=timeout_s)
+                if timeout_s > 0
+                else self._updates.get_nowait()
+            )
+        except queue.Empty:
+            return []
+        updates = [first]
+        while True:
+            try:
+                updates.append(self._updates.get_nowait())
+            except queue.Empty:
+                return updates
+
+    # ------------------------------------------------------------------ on the loop
+
+    def _start(self, submission: int, tokens: list[int], params: Any) -> None:
+        output = self._llm.generate_async(tokens, sampling_params=params, streaming=True)
+        self._handles[submission] = output
+        task = asyncio.get_running_loop().create_task(self._pump(submission, output))
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, submission: int, output: Any) -> None:
+        final = False
+        try:
+            async for streamed in output:
+                update = translate.update_from(submission, streamed)
+                final = update.final
+                self._updates.put(update)
+            if not final:
+                self._updates.put(Update(submission, final=True, finish_reason="ended"))
+        except Exception as err:  # TensorRT-LLM's failure of this one request
+            self._updates.put(Update(submission, final=True, error=f"{type(err).__name__}: {err}"))
+        finally:
+            self._handles.pop(submission, None)
+
+    def _abort(self, submission: int) -> None:
+        output = self._handles.get(submission)
+        if output is not None and not output.finished:
+            output.abort()

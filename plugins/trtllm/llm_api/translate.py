@@ -1,0 +1,138 @@
+"""Our settings and sampling parameters as ``tensorrt_llm.llmapi`` objects, and what comes
+back (request outputs, iteration statistics) as plain data.
+
+``llmapi`` is always the ``tensorrt_llm.llmapi`` module (the real one, or the fake in
+tests); every name used on it is listed in ``plugins.trtllm.names.LLM_API_BINDINGS`` (a
+test holds this package to the list). Constructors are called with keywords only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.core import SamplingParams
+from plugins.trtllm.llm_api.settings import CudaGraphs, LlmApiSettings
+from plugins.trtllm.names import KV_CACHE_STATS_FIELDS, KV_CACHE_STATS_KEY
+from plugins.trtllm.streams import Update
+
+
+def start_llm(llmapi: Any, settings: LlmApiSettings) -> Any:
+    """Load the model: TensorRT-LLM's ``LLM`` on the PyTorch backend (the default of
+    ``tensorrt_llm.llmapi.LLM`` in every release this adapter targets). Iteration
+    statistics are switched on: the KV cache picture is read from them."""
+    return llmapi.LLM(
+        model=settings.model,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+        kv_cache_config=llmapi.KvCacheConfig(
+            enable_block_reuse=settings.enable_block_reuse,
+            free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+            dtype=settings.kv_cache_dtype,
+            tokens_per_block=settings.tokens_per_block,
+        ),
+        enable_chunked_prefill=settings.enable_chunked_prefill,
+        scheduler_config=llmapi.SchedulerConfig(
+            capacity_scheduler_policy=getattr(
+                llmapi.CapacitySchedulerPolicy, settings.capacity_scheduler_policy
+            )
+        ),
+        max_batch_size=settings.max_batch_size,
+        max_input_len=settings.max_input_len,
+        max_seq_len=settings.max_seq_len,
+        max_num_tokens=settings.max_num_tokens,
+        cuda_graph_config=cuda_graph_config(llmapi, settings.cuda_graphs),
+        enable_iter_perf_stats=True,
+    )
+
+
+def cuda_graph_config(llmapi: Any, graphs: CudaGraphs | None) -> Any:
+    """``None`` turns CUDA graphs off (TorchLlmArgs' documented meaning). Batch sizes and
+    a maximum are never both passed: newer releases derive the maximum from the sizes."""
+    if graphs is None:
+        return None
+    if graphs.batch_sizes is not None:
+        return llmapi.CudaGraphConfig(
+            batch_sizes=list(graphs.batch_sizes), enable_padding=graphs.padding
+        )
+    return llmapi.CudaGraphConfig(
+        max_batch_size=graphs.max_batch_size, enable_padding=graphs.padding
+    )
+
+
+def sampling_params(
+    llmapi: Any, sampling: SamplingParams, max_tokens: int, seed: int | None
+) -> Any:
+    """A request for ``max_tokens`` more tokens. Greedy (temperature 0) is ``top_k=1``;
+    otherwise ``top_p`` is always passed (unset, the C++ runtime's 0 with an unset
+    ``top_k`` means greedy) and ``top_k`` 0 (off) is left unset.
+
+    ``ignore_eos``: the scheduler's stop ids already hold the end-of-sequence ids the
+    serving layer wants, and TensorRT-LLM must not stop on its own ones.
+    ``include_stop_str_in_output``: without it the LLM API trims a stop token from the
+    output, and the scheduler must see the token it stops on. ``logprobs=1`` asks for
+    the chosen token's log-probability (0 would ask for none). ``detokenize=False``: the
+    gateway decodes; TensorRT-LLM's text is not used."""
+    greedy = sampling.greedy
+    return llmapi.SamplingParams(
+        max_tokens=max_tokens,
+        stop_token_ids=list(sampling.stop_token_ids) or None,
+        include_stop_str_in_output=True,
+        top_k=1 if greedy else (sampling.top_k or None),
+        top_p=None if greedy else sampling.top_p,
+        seed=None if greedy else seed,
+        temperature=None if greedy else sampling.temperature,
+        logprobs=None if sampling.logprobs is None else 1,
+        ignore_eos=True,
+        detokenize=False,
+    )
+
+
+def update_from(submission: int, output: Any) -> Update:
+    """One streamed ``RequestOutput`` (read just after it arrived) as a stream update:
+    the tokens its first completion gained since the previous one."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids_diff)
+    entries = list(completion.logprobs_diff)
+    logprobs: list[float | None] = []
+    if len(entries) == len(tokens):
+        logprobs = [_chosen_logprob(e, t) for e, t in zip(entries, tokens, strict=True)]
+    final = bool(output.finished)
+    return Update(submission, tokens, logprobs, final, completion.finish_reason if final else None)
+
+
+def _chosen_logprob(entry: Any, token: int) -> float | None:
+    """A completion's log-probability entry for ``token``: a ``{token: Logprob}`` map on
+    the PyTorch backend's default format, a bare float in the simple format."""
+    if isinstance(entry, dict):
+        chosen = entry.get(token)
+        return None if chosen is None else float(chosen.logprob)
+    if isinstance(entry, int | float):
+        return float(entry)
+    return None
+
+
+@dataclass(frozen=True)
+class KvSnapshot:
+    """TensorRT-LLM's KV cache as its iteration statistics last reported it: blocks of
+    ``tokens_per_block`` tokens; ``at_s`` is when it was read (``time.monotonic``)."""
+
+    max_blocks: int
+    free_blocks: int
+    used_blocks: int
+    tokens_per_block: int
+    at_s: float
+
+
+def kv_snapshot(entries: Sequence[Any], at_s: float) -> KvSnapshot | None:
+    """The latest KV picture among ``LLM.get_stats()`` entries (dicts, or their JSON
+    text: releases return either), or ``None`` if none carries one."""
+    for entry in reversed(entries):
+        data = json.loads(entry) if isinstance(entry, str | bytes) else entry
+        kv = data.get(KV_CACHE_STATS_KEY) if isinstance(data, dict) else None
+        if kv:
+            max_blocks, free, used, tokens_per_block = (int(kv[k]) for k in KV_CACHE_STATS_FIELDS)
+            return KvSnapshot(max_blocks, free, used, tokens_per_block, at_s)
+    return None

@@ -1,0 +1,56 @@
+"""Option and parameter types of the fake ``tensorrt_llm.llmapi``: the listed subset of
+each, with TensorRT-LLM's field names, types and defaults.
+
+As in TensorRT-LLM, the options classes are pydantic models that refuse unknown keys
+(``StrictBaseModel``), so a wrong name or a ``None`` for a non-optional field fails here
+as it would there; ``SamplingParams`` is a keyword-only dataclass, which validates
+nothing at construction.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CapacitySchedulerPolicy(enum.StrEnum):  # TensorRT-LLM: a StrEnum too
+    MAX_UTILIZATION = "MAX_UTILIZATION"
+    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
+    STATIC_BATCH = "STATIC_BATCH"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SchedulerConfig(_Strict):
+    capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+
+
+class KvCacheConfig(_Strict):
+    enable_block_reuse: bool = True
+    free_gpu_memory_fraction: float | None = Field(default=0.9, ge=0, le=1)
+    dtype: str = "auto"
+    tokens_per_block: int = 32
+
+
+class CudaGraphConfig(_Strict):
+    batch_sizes: list[int] | None = None
+    max_batch_size: int = Field(default=0, ge=0)
+    enable_padding: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
+class SamplingParams:
+    max_tokens: int = 32
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    logprobs: int | None = None
+    ignore_eos: bool = False
+    detokenize: bool = True
