@@ -131,6 +131,10 @@ class StepResult:
     for them. ``duration_s`` is the step's time in seconds: measured by a real executor,
     predicted by the simulator. ``cost`` explains the duration by cause, from an
     executor whose ``info().reports_step_cost`` is true (the simulator); else ``None``.
+    ``kv_free_blocks`` is the executor's own count of free KV blocks (of
+    ``info().block_size`` tokens), from an executor that owns its KV cache and read it
+    during this step (TensorRT-LLM's iteration statistics); ``None`` when it has no fresh
+    count. Admission then uses the tighter of this count and the KV manager's.
     """
 
     sampled: dict[str, int]
@@ -138,6 +142,7 @@ class StepResult:
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     cost: StepCost | None = None
+    kv_free_blocks: int | None = None
 
 
 class RequestOutput(NamedTuple):

@@ -273,11 +273,13 @@ def test_the_kv_picture_is_refreshed_from_the_llms_statistics(
     seq = Seq("a", prompt_of(40, 19), blocks=[0, 1, 2, 3])
     step(executor, [seq])
     time.sleep(0.05)
-    step(executor, [seq])
+    result = step(executor, [seq])
     later = executor.kv_cache_stats()
     assert later.at_s > at_start.at_s
     assert later.used_blocks >= 3  # the 41 tokens it holds, in blocks of 16
     assert later.used_blocks + later.free_blocks == later.max_blocks == at_start.max_blocks
+    # A step that read the statistics hands the scheduler TensorRT-LLM's own free count.
+    assert result.kv_free_blocks == later.free_blocks
 
 
 class _JsonStats(fake_llmapi.LLM):

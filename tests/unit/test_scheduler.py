@@ -340,3 +340,21 @@ def test_a_request_the_executor_fails_ends_alone_with_its_error() -> None:
     run_to_completion(engine, clock)
     assert good.output_token_ids == [fake_token("good", 7 + k) for k in range(5)]
     assert engine.stats().kv_blocks_used == 0
+
+
+def test_admission_uses_the_executors_free_count_when_it_reports_a_tighter_one() -> None:
+    # 64 blocks here, but the executor (which owns the real cache) says 2 are free.
+    engine, clock = make_engine(num_blocks=64, block_size=16)
+    sched = engine.scheduler
+    sched.add_request(make_request(prompt_len=16, max_tokens=50, request_id="running"))
+    plan = sched.schedule(clock.now())
+    sched.update(plan, StepResult({"running": 1}, 0.01, kv_free_blocks=2), clock.now())
+    for i in range(3):
+        sched.add_request(make_request(prompt_len=40, max_tokens=4, request_id=f"w{i}"))
+    plan = sched.schedule(clock.now())
+    # Each newcomer needs 3 blocks plus the running request's headroom: none fits in 2.
+    assert [s.request_id for s in plan.scheduled] == ["running"]
+    assert sched.num_waiting == 3
+    sched.update(plan, StepResult({"running": 1}, 0.01, kv_free_blocks=60), clock.now())
+    admitted = {s.request_id for s in sched.schedule(clock.now()).scheduled}
+    assert admitted == {"running", "w0", "w1", "w2"}

@@ -39,7 +39,9 @@ class KVCacheManager:
     ``allocate`` answers ``blocks | None``: ``None`` means the pool cannot hold the
     request's next tokens, and the scheduler starts preemption. ``can_admit`` applies the
     admission headroom: ``headroom_blocks`` free blocks per running request stay free
-    when a new request is admitted. All counts are blocks unless a name says tokens.
+    when a new request is admitted. Where the executor owns the real KV cache and
+    reports its free blocks (``observe_executor_free``), admission uses the tighter of
+    the two pictures. All counts are blocks unless a name says tokens.
     """
 
     def __init__(
@@ -59,6 +61,9 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self._root = root_hash(hash_seed)
         self._records: dict[str, _RequestBlocks] = {}
+        # How many fewer blocks the executor had free than this pool at its last report
+        # (0 when it reports none, or has more): our allocations since then move both.
+        self._executor_shortfall = 0
 
     @property
     def num_blocks(self) -> int:
@@ -82,7 +87,14 @@ class KVCacheManager:
     def can_admit(self, num_new_blocks: int, num_running: int) -> bool:
         """Whether a new request needing ``num_new_blocks`` may start beside
         ``num_running`` running requests without eating their headroom."""
-        return num_new_blocks + num_running * self.headroom_blocks <= self.pool.num_free
+        need = num_new_blocks + num_running * self.headroom_blocks
+        return need <= self.pool.num_free - self._executor_shortfall
+
+    def observe_executor_free(self, free_blocks: int) -> None:
+        """Record the executor's own count of free blocks, read just now. An executor
+        that allocates ahead of the scheduler (TensorRT-LLM reserves blocks for tokens it
+        will generate) may have fewer free than this pool believes."""
+        self._executor_shortfall = max(0, self.pool.num_free - free_blocks)
 
     def block_table(self, request_id: str) -> list[int]:
         record = self._records.get(request_id)

@@ -327,6 +327,8 @@ class Scheduler:
         outputs = []
         finished = False
         sampled, all_logprobs, failed = result.sampled, result.logprobs, result.failed
+        if result.kv_free_blocks is not None:
+            self.kv.observe_executor_free(result.kv_free_blocks)
         block_size = self.kv.block_size
         requests, running = self.requests, RequestStatus.RUNNING
         for planned in plan.scheduled:

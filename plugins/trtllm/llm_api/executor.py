@@ -8,6 +8,7 @@ picture TensorRT-LLM reports.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import time
@@ -155,8 +156,11 @@ class TrtllmLlmApiExecutor:
         if self._closed:
             raise TrtllmError("the TensorRT-LLM LLM is shut down")
         result = self._runner.execute(plan)
-        self._refresh_kv()
-        return result
+        fresh = self._refresh_kv()
+        if fresh is None:
+            return result
+        # A fresh count lets the scheduler admit against TensorRT-LLM's own free blocks.
+        return dataclasses.replace(result, kv_free_blocks=fresh.free_blocks)
 
     def kv_cache_stats(self) -> KvSnapshot:
         """TensorRT-LLM's KV cache as last reported: at start, then at most every
@@ -211,15 +215,17 @@ class TrtllmLlmApiExecutor:
             raise TrtllmError("TensorRT-LLM reports a KV cache of no blocks")
         return snapshot
 
-    def _refresh_kv(self) -> None:
+    def _refresh_kv(self) -> KvSnapshot | None:
+        """Read the statistics again if ``stats_interval_s`` has passed; the new picture,
+        or ``None`` when nothing new was read."""
         now = time.monotonic()
         if now < self._next_stats_s:
-            return
+            return None
         self._next_stats_s = now + self._stats_interval_s
         # timeout 0: take what has been reported, never wait inside a step.
         snapshot = translate.kv_snapshot(self._llm.get_stats(timeout=0), now)
         if snapshot is None:
-            return
+            return None
         if snapshot.max_blocks != self._kv.max_blocks:
             logger.warning(
                 "TensorRT-LLM now reports %d KV blocks (%d at start); the scheduler keeps %d",
@@ -235,3 +241,4 @@ class TrtllmLlmApiExecutor:
                 now,
             )
         self._kv = snapshot
+        return snapshot
