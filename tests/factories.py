@@ -9,6 +9,7 @@ from orchestrator.core.clock import VirtualClock
 from orchestrator.core.config import SchedulerConfig
 from orchestrator.core.engine import EngineCore, EngineStep
 from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.predictor import ModelStepTimePredictor, StepTimePredictor
 from orchestrator.core.request import Request, SamplingParams
 from orchestrator.core.sched.scheduler import Scheduler
 from tests.fakes import FakeExecutor
@@ -24,6 +25,8 @@ def make_request(
     priority: int = 0,
     arrival_time: float = 0.0,
     prompt: list[int] | None = None,
+    slo_class: str | None = None,
+    tenant: str | None = None,
     **sampling: Any,
 ) -> Request:
     rid = request_id if request_id is not None else f"req-{next(_ids)}"
@@ -34,6 +37,8 @@ def make_request(
         SamplingParams(max_tokens=max_tokens, **sampling),
         priority=priority,
         arrival_time=arrival_time,
+        slo_class=slo_class,
+        tenant=tenant,
     )
 
 
@@ -42,19 +47,33 @@ def make_scheduler(
     block_size: int = 16,
     max_model_len: int = 4096,
     prefix_caching: bool = True,
+    predictor: StepTimePredictor | None = None,
     **config: Any,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, prefix_caching)
-    return Scheduler(SchedulerConfig(**config), kv, max_model_len)
+    return Scheduler(SchedulerConfig(**config), kv, max_model_len, predictor)
+
+
+def constant_step_time(seconds: float) -> ModelStepTimePredictor:
+    """A predictor that knows every step takes ``seconds`` (the fake executor's truth)."""
+    return ModelStepTimePredictor(lambda features: seconds)
 
 
 def make_engine(
-    num_blocks: int = 64, block_size: int = 16, max_model_len: int = 4096, **config: Any
+    num_blocks: int = 64,
+    block_size: int = 16,
+    max_model_len: int = 4096,
+    step_time_s: float = 0.01,
+    exact_predictor: bool = False,
+    **config: Any,
 ) -> tuple[EngineCore, VirtualClock]:
-    """An engine over ``FakeExecutor`` on a virtual clock (10 ms per step)."""
-    scheduler = make_scheduler(num_blocks, block_size, max_model_len, **config)
+    """An engine over ``FakeExecutor`` on a virtual clock (``step_time_s`` per step);
+    with ``exact_predictor`` the scheduler's step-time predictor knows that time."""
+    predictor = constant_step_time(step_time_s) if exact_predictor else None
+    scheduler = make_scheduler(num_blocks, block_size, max_model_len, predictor=predictor, **config)
     clock = VirtualClock()
-    return EngineCore(scheduler, FakeExecutor(num_blocks, block_size), clock), clock
+    executor = FakeExecutor(num_blocks, block_size, step_time_s)
+    return EngineCore(scheduler, executor, clock), clock
 
 
 def run_step(engine: EngineCore, clock: VirtualClock) -> EngineStep:

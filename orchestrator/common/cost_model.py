@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from orchestrator.common.capacity import kv_bytes_per_token_per_gpu
 from orchestrator.common.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
-from orchestrator.core import SchedulerOutput, StepCost
+from orchestrator.core import SchedulerOutput, StepCost, StepFeatures
 
 # Activations cross the interconnect in 16-bit whatever the weight format.
 ACTIVATION_BYTES = 2.0
@@ -115,6 +115,18 @@ class CostModel:
             context += p
             pairs += n * p + n * (n + 1) // 2
         return self._cost(tokens, samples, context, pairs)
+
+    def features_cost(self, f: StepFeatures) -> StepCost:
+        """Breakdown of a step with features ``f``: the same arithmetic as ``step_cost``,
+        so ``features_cost(features_of(plan)) == step_cost(plan)`` (the simulator's
+        step-time predictor is exact)."""
+        if not f.num_seqs:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        return self._cost(f.num_tokens, f.num_samples, f.context_tokens, f.attention_pairs)
+
+    def predict_s(self, f: StepFeatures) -> float:
+        """Seconds a step with features ``f`` takes."""
+        return self.features_cost(f).total_s
 
     def _cost(self, tokens: int, samples: int, context: int, pairs: int) -> StepCost:
         dense_flops = tokens * self.layer_flops_per_token + samples * self.head_flops_per_sample

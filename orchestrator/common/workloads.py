@@ -105,6 +105,13 @@ DEFAULT_PROMPT = FixedLength(value=512)
 DEFAULT_OUTPUT = FixedLength(value=256)
 
 
+class TrafficClass(StrictModel):
+    """A share of a workload's requests sent with one SLO class and priority."""
+
+    share: float = Field(gt=0)
+    priority: int = 0
+
+
 class WorkloadConfig(StrictModel):
     """What a simulation serves. Left out: Poisson arrivals at 1 request/s, 1,000
     requests, 512-token prompts, 256-token outputs, seed 0.
@@ -113,6 +120,12 @@ class WorkloadConfig(StrictModel):
     ``prompt_tokens`` and ``output_tokens``), the trace gives arrival times and lengths,
     so ``arrival``, ``prompt_len`` and ``output_len`` must be left out; ``num_requests``
     then takes the first requests of the trace (all of them when ``None``).
+
+    ``slo_classes`` splits the requests among SLO classes (names the engine config
+    defines) in proportion to each ``share``, with that class's priority; ``tenants``
+    splits them among tenants in proportion to the given rates (e.g. ``{heavy: 10,
+    light: 1}``: two Poisson streams, one ten times the other). Both draw from their own
+    random stream, so adding them keeps arrivals and lengths unchanged.
     """
 
     arrival: Arrivals | None = None
@@ -121,6 +134,15 @@ class WorkloadConfig(StrictModel):
     output_len: LengthDist | None = None
     trace: str | None = None
     seed: int = 0
+    slo_classes: dict[str, TrafficClass] = Field(default_factory=dict)
+    tenants: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _positive_tenant_rates(self) -> WorkloadConfig:
+        for name, rate in self.tenants.items():
+            if not rate > 0:
+                raise ValueError(f"tenants.{name}: the rate share must be positive")
+        return self
 
     @model_validator(mode="after")
     def _trace_excludes_synthetic(self) -> WorkloadConfig:
@@ -160,6 +182,9 @@ class RequestSpec:
     arrival_time: float
     prompt_len: int
     output_len: int
+    slo_class: str | None = None
+    tenant: str | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +207,35 @@ class Workload:
 
 def build_workload(config: WorkloadConfig) -> Workload:
     """Draw the requests ``config`` describes, the same ones for the same seed."""
+    workload = _draw(config)
+    if not config.slo_classes and not config.tenants:
+        return workload
+    rng = random.Random(f"{config.seed}:mix")
+    classes = list(config.slo_classes.items())
+    tenants = list(config.tenants.items())
+    specs = []
+    for spec in workload.requests:
+        slo_class, priority, tenant = None, 0, None
+        if classes:
+            name, traffic = rng.choices(classes, weights=[c.share for _, c in classes])[0]
+            slo_class, priority = name, traffic.priority
+        if tenants:
+            tenant = rng.choices([t for t, _ in tenants], weights=[w for _, w in tenants])[0]
+        specs.append(
+            RequestSpec(
+                spec.index,
+                spec.arrival_time,
+                spec.prompt_len,
+                spec.output_len,
+                slo_class,
+                tenant,
+                priority,
+            )
+        )
+    return Workload(specs, workload.concurrency, workload.think_time_s)
+
+
+def _draw(config: WorkloadConfig) -> Workload:
     if config.trace is not None:
         return read_trace(config.trace, config.num_requests)
     n = config.num_requests or DEFAULT_NUM_REQUESTS

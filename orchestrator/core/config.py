@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from orchestrator.core.executor import executor_class
+from orchestrator.core.sched.admission import ADMISSION_POLICIES
 from orchestrator.core.sched.batching import BATCHING_STRATEGIES
 from orchestrator.core.sched.ordering import ORDERING_POLICIES
 
@@ -36,6 +37,134 @@ class ConfigError(ValueError):
     """A config file or value is invalid; the message names the file and the key."""
 
 
+# Upper bounds past which a latency target is a typo (e.g. seconds written as ms x 1000).
+MAX_TTFT_MS = 3_600_000.0  # one hour
+MAX_TPOT_MS = 60_000.0  # one minute per token
+MAX_E2E_MS = 86_400_000.0  # one day
+
+
+class SLOClassConfig(StrictModel):
+    """Latency targets of one SLO class, in milliseconds: time to first token, time per
+    output token and, optionally, end to end. A request of the class meets its SLO when
+    it meets every target it has."""
+
+    ttft_ms: float = Field(gt=0, le=MAX_TTFT_MS)
+    tpot_ms: float = Field(gt=0, le=MAX_TPOT_MS)
+    e2e_ms: float | None = Field(None, gt=0, le=MAX_E2E_MS)
+
+    @model_validator(mode="after")
+    def _e2e_after_ttft(self) -> SLOClassConfig:
+        if self.e2e_ms is not None and self.e2e_ms < self.ttft_ms:
+            raise ValueError(
+                f"e2e_ms ({self.e2e_ms:g}) is below ttft_ms ({self.ttft_ms:g}): no request "
+                "could meet it"
+            )
+        return self
+
+    @property
+    def ttft_s(self) -> float:
+        return self.ttft_ms / 1e3
+
+    @property
+    def tpot_s(self) -> float:
+        return self.tpot_ms / 1e3
+
+
+class AdmissionConfig(StrictModel):
+    """What happens at submission beyond the context and KV checks.
+
+    ``type``: ``queue_limits`` (the default) rejects only beyond ``max_waiting_requests``
+    or ``max_waiting_tokens``; ``slo`` also predicts the request's TTFT from the work
+    queued ahead of it (in policy order) and the running batch, and rejects it (HTTP
+    429, code ``ttft_unattainable``) when the prediction exceeds ``ttft_margin`` times
+    its class's TTFT target. ``downgrade_to`` names a class to move such a request to
+    instead of rejecting it, when that class's target is met. Every 429 carries a
+    ``Retry-After`` computed from the predicted drain time (seconds), at least
+    ``min_retry_after_s``. ``shed_after_deadline_s``: a waiting request that has produced
+    no token ``shed_after_deadline_s`` seconds after its TTFT deadline is ended with an
+    error instead of run (``None``, the default, keeps it). ``reserve_retries`` (``slo``
+    only): a rejected request's predicted return counts as work ahead of later arrivals
+    until its Retry-After has passed, so a client that honours it finds room.
+    """
+
+    type: str = "queue_limits"
+    ttft_margin: float = Field(1.0, gt=0, le=10)
+    downgrade_to: str | None = None
+    min_retry_after_s: float = Field(1.0, ge=0)
+    shed_after_deadline_s: float | None = Field(None, ge=0)
+    reserve_retries: bool = False
+
+    @field_validator("type")
+    @classmethod
+    def _known_admission(cls, value: str) -> str:
+        if value not in ADMISSION_POLICIES:
+            raise ValueError(f"unknown admission {value!r}; known: {', '.join(ADMISSION_POLICIES)}")
+        return value
+
+
+class SLOBudgetConfig(StrictModel):
+    """The SLO-derived token budget. With ``enabled``, each step's prefill budget is the
+    largest that keeps the predicted step time under ``margin`` times the tightest TPOT
+    target among running requests; ``max_num_tokens`` and ``chunk_size`` stay upper
+    bounds, and at least ``min_prefill_tokens`` of prefill run per step while any is
+    waiting (so new requests are never starved by the decode batch)."""
+
+    enabled: bool = False
+    margin: float = Field(1.0, gt=0, le=2)
+    min_prefill_tokens: int = Field(16, ge=0)
+
+
+class FairShareConfig(StrictModel):
+    """Tenant fair share within an SLO class (Virtual Token Counter, Sheng et al.,
+    OSDI 2024). With ``enabled``, each tenant has a counter of the service it received:
+    ``input_weight`` per prompt token when a request is first admitted plus
+    ``output_weight`` per output token, divided by the tenant's weight in
+    ``tenant_weights`` (default 1). The least-served backlogged tenant's request is
+    admitted next; requests without a tenant share one anonymous tenant."""
+
+    enabled: bool = False
+    input_weight: float = Field(1.0, ge=0)
+    output_weight: float = Field(2.0, ge=0)
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for tenant, weight in value.items():
+            if not weight > 0:
+                raise ValueError(f"the weight of tenant {tenant!r} must be positive")
+        return value
+
+
+class StepTimePrior(StrictModel):
+    """Coefficients of the linear step-time model, in seconds per unit: the fixed cost of
+    a step, per token run, per request in the step, per cached token attended and per
+    (query, position) attention pair. The defaults suit a small model on a CPU;
+    ``orchestrator calibrate`` prints a fitted set for the local machine."""
+
+    overhead_s: float = Field(0.02, ge=0)
+    per_token_s: float = Field(2e-4, ge=0)
+    per_seq_s: float = Field(5e-4, ge=0)
+    per_context_token_s: float = Field(1e-6, ge=0)
+    per_pair_s: float = Field(1e-8, ge=0)
+
+
+class PredictorConfig(StrictModel):
+    """The online step-time fit used for executors without a model of their own
+    (``orchestrator/core/predictor.py``).
+
+    ``window`` is how many recent steps the least-squares fit covers; ``refit_every``
+    how many observed steps pass between refits; ``prior_weight`` how many steps' worth
+    of evidence the ``prior`` coefficients count as (ridge regression towards them), so
+    the first predictions are the prior's and a window of real steps outweighs it.
+    """
+
+    window: int = Field(256, ge=8, le=100_000)
+    refit_every: int = Field(8, ge=1)
+    prior_weight: float = Field(4.0, gt=0)
+    prior: StepTimePrior = Field(default_factory=StepTimePrior)
+
+
 class SchedulerConfig(StrictModel):
     """Per-step limits, the batching strategy and the policy that orders waiting requests.
 
@@ -45,7 +174,14 @@ class SchedulerConfig(StrictModel):
     ``orchestrator/core/sched/``. ``max_num_tokens`` is the token budget of one step
     (decode tokens plus prefill chunks); ``max_batch_size`` caps the requests in one
     step. ``aging_rate`` is how many priority levels a waiting request gains per second
-    of waiting (``priority`` policy).
+    of waiting (``priority`` and ``slo`` policies).
+
+    ``slo_classes`` names the SLO classes (targets in ms) and ``default_slo_class`` the
+    class of a request that names none (``None``: such a request has no targets). A
+    request that names an unknown class is rejected at submission (HTTP 400).
+    ``admission``, ``slo_budget``, ``fair_share`` and ``predictor`` configure SLO
+    admission, the SLO-derived token budget, tenant fair share and the step-time
+    predictor; their defaults keep the behaviour without SLO classes.
     """
 
     batching: str = "continuous"
@@ -58,6 +194,12 @@ class SchedulerConfig(StrictModel):
     max_preemptions: int = Field(8, ge=0)
     max_waiting_requests: int = Field(1024, ge=1)
     max_waiting_tokens: int = Field(1_048_576, ge=1)
+    slo_classes: dict[str, SLOClassConfig] = Field(default_factory=dict)
+    default_slo_class: str | None = None
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    slo_budget: SLOBudgetConfig = Field(default_factory=SLOBudgetConfig)
+    fair_share: FairShareConfig = Field(default_factory=FairShareConfig)
+    predictor: PredictorConfig = Field(default_factory=PredictorConfig)
 
     @field_validator("batching")
     @classmethod
@@ -80,6 +222,19 @@ class SchedulerConfig(StrictModel):
         if self.preempt_for_priority is None:
             return ORDERING_POLICIES[self.policy](self).preempts_for_priority
         return self.preempt_for_priority
+
+    @model_validator(mode="after")
+    def _known_classes(self) -> SchedulerConfig:
+        known = ", ".join(self.slo_classes) or "none configured"
+        for key, name in (
+            ("default_slo_class", self.default_slo_class),
+            ("admission.downgrade_to", self.admission.downgrade_to),
+        ):
+            if name is not None and name not in self.slo_classes:
+                raise ValueError(f"{key}: unknown SLO class {name!r}; known: {known}")
+        if self.admission.type == "slo" and not self.slo_classes:
+            raise ValueError("admission.type: 'slo' needs slo_classes to take targets from")
+        return self
 
     @model_validator(mode="after")
     def _chunk_fits_budget(self) -> SchedulerConfig:
@@ -154,7 +309,17 @@ class ExecutorSpec(StrictModel):
 
 class ServerConfig(StrictModel):
     """Gateway settings. API keys come from ``api_keys`` and/or the environment variable
-    named by ``api_keys_env`` (comma-separated); with none, auth is off."""
+    named by ``api_keys_env`` (comma-separated); with none, auth is off.
+
+    ``default_chat_max_tokens`` (tokens) is the output limit of a chat request that sets
+    neither ``max_tokens`` nor ``max_completion_tokens``; ``None`` means the rest of the
+    context. ``max_tokens_limit`` (tokens) caps what any choice may ask for on either
+    endpoint (a larger value is a 400); ``None`` leaves only the context as the limit. A
+    default never exceeds the cap or the room the prompt leaves.
+
+    ``tenant_slo_classes`` maps a tenant (an API key, or the request's ``user`` field
+    when auth is off) to the SLO class its requests get when they name none; the engine
+    config checks each class exists."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -163,6 +328,9 @@ class ServerConfig(StrictModel):
     drain_timeout_s: float = Field(30.0, ge=0)
     max_body_bytes: int = Field(1_048_576, ge=1024)
     log_prompts: bool = False
+    default_chat_max_tokens: int | None = Field(None, ge=1)
+    max_tokens_limit: int | None = Field(None, ge=1)
+    tenant_slo_classes: dict[str, str] = Field(default_factory=dict)
 
 
 class EngineConfig(StrictModel):
@@ -173,6 +341,18 @@ class EngineConfig(StrictModel):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     executor: ExecutorSpec
     server: ServerConfig = Field(default_factory=ServerConfig)
+
+    @model_validator(mode="after")
+    def _tenant_classes_exist(self) -> EngineConfig:
+        classes = self.scheduler.slo_classes
+        for tenant, name in self.server.tenant_slo_classes.items():
+            if name not in classes:
+                known = ", ".join(classes) or "none configured"
+                raise ValueError(
+                    f"server.tenant_slo_classes: tenant {tenant[:4]}...'s class {name!r} is "
+                    f"not in scheduler.slo_classes (known: {known})"
+                )
+        return self
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -10,6 +10,7 @@ from orchestrator.core.config import EngineConfig
 from orchestrator.core.executor import Executor, ExecutorInfo, create_executor
 from orchestrator.core.kv.manager import KVCacheManager
 from orchestrator.core.output import RequestOutput, SchedulerOutput, StepCost, StepResult
+from orchestrator.core.predictor import ErrorWindow, StepTimePredictor, features_of
 from orchestrator.core.request import Request, Submission
 from orchestrator.core.sched.scheduler import Scheduler
 
@@ -30,13 +31,20 @@ class EngineStep:
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
-    """A snapshot for metrics. ``kv_blocks_used`` counts blocks held by live requests."""
+    """A snapshot for metrics. ``kv_blocks_used`` counts blocks held by live requests.
+    ``step_time_error`` and ``ttft_prediction_error`` are the median relative errors
+    ``|predicted - actual| / actual`` of the step-time predictor over recent steps and of
+    SLO admission's TTFT predictions over recent first tokens (``None`` before the first);
+    ``num_shed`` counts waiting requests ended past their TTFT deadline."""
 
     num_running: int
     num_waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int
+    step_time_error: float | None = None
+    ttft_prediction_error: float | None = None
+    num_shed: int = 0
 
 
 def _checked_info(config: EngineConfig, info: ExecutorInfo) -> tuple[int, int]:
@@ -81,6 +89,7 @@ class EngineCore:
         self.executor = executor
         self.clock = clock
         self.info = info if info is not None else executor.info()
+        self.step_time_errors = ErrorWindow()
 
     @property
     def max_model_len(self) -> int:
@@ -93,9 +102,12 @@ class EngineCore:
         config: EngineConfig,
         executor: Executor | None = None,
         clock: Clock | None = None,
+        predictor: StepTimePredictor | None = None,
     ) -> EngineCore:
         """Build the engine a config describes; the executor's ``info()`` is read once
-        here and checked against the config (``ValueError`` names the mismatch)."""
+        here and checked against the config (``ValueError`` names the mismatch).
+        ``predictor`` predicts step times (default: an online fit to measured steps,
+        ``scheduler.predictor``; the simulator passes its cost model)."""
         executor = executor if executor is not None else create_executor(config)
         info = executor.info()
         num_blocks, max_model_len = _checked_info(config, info)
@@ -107,13 +119,18 @@ class EngineCore:
             headroom_blocks=cache.admission_headroom_blocks,
             hash_seed=cache.prefix_hash_seed,
         )
-        scheduler = Scheduler(config.scheduler, kv, max_model_len)
+        scheduler = Scheduler(
+            config.scheduler, kv, max_model_len, predictor, dict(config.server.tenant_slo_classes)
+        )
         return cls(scheduler, executor, clock if clock is not None else WallClock(), info)
 
-    def add_request(self, submission: Submission) -> None:
+    def add_request(self, submission: Submission) -> float | None:
         """Queue a submission; raises ``AdmissionError`` or ``OverloadedError`` with nothing
-        queued. The caller stamps ``arrival_time`` on this engine's clock."""
-        self.scheduler.add_request(Request.from_submission(submission))
+        queued. The caller stamps ``arrival_time`` on this engine's clock. Returns the
+        TTFT (s) SLO admission predicted for it, or ``None`` when none ran."""
+        request = Request.from_submission(submission)
+        self.scheduler.add_request(request, self.clock.now())
+        return request.predicted_ttft_s
 
     def abort(self, request_id: str) -> bool:
         """Drop a request; its blocks are free before the next step. Returns whether a
@@ -126,7 +143,16 @@ class EngineCore:
     def step(self) -> EngineStep:
         start = self.clock.now()
         plan = self.scheduler.schedule(start)
-        if plan.scheduled or plan.finished_ids or plan.preempted_ids:
+        if plan.scheduled:
+            # Every executor's steps are predicted and observed the same way, so the
+            # error is tracked (and the online fit learns) whatever runs the plan.
+            features = features_of(plan)
+            predictor = self.scheduler.predictor
+            predicted = predictor.predict(features)
+            result = self.executor.execute(plan)
+            predictor.observe(features, result.duration_s)
+            self.step_time_errors.observe(predicted, result.duration_s)
+        elif plan.finished_ids or plan.preempted_ids:
             result = self.executor.execute(plan)
         else:
             result = StepResult(sampled={}, duration_s=0.0)
@@ -141,6 +167,9 @@ class EngineCore:
             kv_blocks_used=s.kv.num_used_blocks,
             kv_blocks_total=s.kv.num_blocks,
             num_preemptions=s.num_preemptions,
+            step_time_error=self.step_time_errors.median,
+            ttft_prediction_error=s.ttft_errors.median,
+            num_shed=s.num_shed,
         )
 
     def shutdown(self) -> None:

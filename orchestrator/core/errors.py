@@ -9,16 +9,30 @@ class EngineError(Exception):
 
 class AdmissionError(EngineError, ValueError):
     """The request can never be served as asked (e.g. prompt over the model's context, or
-    more KV blocks than the pool holds). Nothing was queued. HTTP 400."""
+    more KV blocks than the pool holds, or an unknown SLO class). Nothing was queued.
+    HTTP 400; ``param`` names the request field at fault, where one is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class OverloadedError(EngineError):
-    """The waiting queue is at its request or token limit. Nothing was queued. HTTP 429;
-    ``retry_after_s`` is a hint for the client's ``Retry-After``."""
+    """The engine cannot take the request now. Nothing was queued. HTTP 429.
 
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+    ``retry_after_s`` (seconds) is the predicted time until the work queued ahead has
+    drained enough for the request to be admitted (the client's ``Retry-After``).
+    ``code`` says why, for the API error body's ``code``: ``queue_full`` (the waiting
+    request limit), ``queue_tokens_full`` (the waiting token limit) or
+    ``ttft_unattainable`` (SLO admission predicted a TTFT over the class's target).
+    """
+
+    def __init__(
+        self, message: str, retry_after_s: float = 1.0, code: str = "server_overloaded"
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.code = code
 
 
 class EngineDeadError(EngineError):

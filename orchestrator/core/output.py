@@ -152,8 +152,10 @@ class RequestOutput(NamedTuple):
     the request ended with an error (then ``finish_reason`` is ``ERROR``).
     ``first_scheduled_time`` (seconds, engine clock) is when the request first ran, so
     queue time is that minus its arrival; ``num_cached_tokens`` counts its prompt tokens
-    served from the prefix cache at first admission. These are copies, so a reader on
-    another thread never sees the scheduler's live state."""
+    served from the prefix cache at first admission. ``error_code`` names the reason of an
+    error the engine chose (``ttft_deadline_passed``: shed while waiting, past its SLO
+    class's TTFT deadline); ``None`` for executor failures. These are copies, so a reader
+    on another thread never sees the scheduler's live state."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
@@ -165,3 +167,4 @@ class RequestOutput(NamedTuple):
     error: str | None = None
     first_scheduled_time: float | None = None
     num_cached_tokens: int = 0
+    error_code: str | None = None

@@ -134,6 +134,12 @@ class Request:
     num_cached_prompt_tokens: int = 0
     slo_class: str | None = None
     tenant: str | None = None
+    # Set at submission from the request's SLO class (seconds, engine clock): the time
+    # its first token is due (its arrival when it has no class) and its TPOT target.
+    ttft_deadline: float = 0.0
+    tpot_target_s: float | None = None
+    # The TTFT (s) admission predicted for it, when SLO admission ran.
+    predicted_ttft_s: float | None = None
 
     @classmethod
     def from_submission(cls, submission: Submission) -> Request:

@@ -15,10 +15,19 @@ from orchestrator.gateway.auth import APIKeyMiddleware, configured_keys
 from orchestrator.gateway.errors import install_error_handlers
 from orchestrator.gateway.lifecycle import GatewayLifecycle, Loader
 from orchestrator.gateway.metrics import GatewayMetrics
-from orchestrator.gateway.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from orchestrator.gateway.middleware import RequestBodyMiddleware, RequestIdMiddleware
+from orchestrator.gateway.openapi import install_openapi
+from orchestrator.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from orchestrator.gateway.routes import router
-from orchestrator.gateway.serving import OpenAIServing
+from orchestrator.gateway.serving import OpenAIServing, ServingLimits
 from orchestrator.gateway.tokenizer import Tokenizer
+
+API_DESCRIPTION = (
+    "OpenAI's completions and chat completions. Every error is "
+    '`{"error": {"message", "type", "param", "code"}}`; an invalid field is a 400 whose '
+    "`param` names it. Request fields the server cannot honour are accepted only at values "
+    "that change nothing (see each field's description)."
+)
 
 
 def create_app(
@@ -29,7 +38,7 @@ def create_app(
     the model loads. API keys are read from ``config.server`` and ``environ``."""
     server = config.server
     lifecycle: GatewayLifecycle
-    metrics = GatewayMetrics(lambda: lifecycle.engine_stats())
+    metrics = GatewayMetrics(lambda: lifecycle.engine_stats(), config.model.name)
 
     def make_serving(engine: AsyncEngine, tokenizer: Tokenizer) -> OpenAIServing:
         return OpenAIServing(
@@ -39,6 +48,7 @@ def create_app(
             metrics,
             lifecycle.in_flight,
             log_prompts=server.log_prompts,
+            limits=ServingLimits(server.default_chat_max_tokens, server.max_tokens_limit),
         )
 
     lifecycle = GatewayLifecycle(make_serving)
@@ -66,8 +76,9 @@ def create_app(
     app.state.model_name = config.model.name
     install_error_handlers(app)
     app.include_router(router)
-    # Added innermost first: request id (outermost) -> API key -> body-size limit.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=server.max_body_bytes)
+    install_openapi(app, API_DESCRIPTION, [CompletionRequest, ChatCompletionRequest])
+    # Added innermost first: request id (outermost) -> API key -> body checks.
+    app.add_middleware(RequestBodyMiddleware, max_bytes=server.max_body_bytes)
     keys = configured_keys(server, environ)
     if keys:
         app.add_middleware(APIKeyMiddleware, keys=keys)

@@ -8,9 +8,12 @@ only touched on the loop's thread. When there is nothing to do the engine thread
 on a condition variable (no polling).
 
 Failure isolation: a request the engine ends with an error raises
-``RequestFailedError`` in that request's stream only. If ``step()`` itself raises, the
-state shared by every request is suspect: the loop stops and every live request (and any
-later submission) gets ``EngineDeadError``.
+``RequestFailedError`` in that request's stream only. An exception of any type while the
+engine thread applies one request's submission rejects that request alone
+(``SubmissionFailedError``), and one while applying an abort is logged; neither stops
+the loop. Only a failing ``step()`` (the executor, or the scheduler's shared state) stops
+it: every live request, and any later submission, then gets ``EngineDeadError``.
+Messages of these errors are safe to show a client; the internal details are logged.
 """
 
 from __future__ import annotations
@@ -39,7 +42,16 @@ logger = logging.getLogger(__name__)
 
 class RequestFailedError(EngineError):
     """The engine ended this request with an error (or aborted it on its own); requests
-    sharing the batch are unaffected."""
+    sharing the batch are unaffected. ``detail`` is the engine's own reason, for logs."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class SubmissionFailedError(EngineError):
+    """Applying this request's submission raised an unexpected error; the request was
+    not queued and the engine runs on. The cause is logged, not carried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +98,8 @@ class RequestStream:
             self.finished = True
             if item.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
                 raise RequestFailedError(
-                    f"the engine ended request {self.request_id} with {item.finish_reason}"
-                    + (f": {item.error}" if item.error else "")
+                    "the engine could not complete this request",
+                    detail=f"{item.finish_reason}: {item.error or 'no reason given'}",
                 )
         return item
 
@@ -160,7 +172,8 @@ class AsyncEngine:
     async def submit(self, request: Submission) -> RequestStream:
         """Queue ``request``; return its output stream once the core has accepted it.
 
-        Raises ``AdmissionError`` or ``OverloadedError`` (nothing is queued) or
+        Raises ``AdmissionError`` or ``OverloadedError`` (nothing is queued),
+        ``SubmissionFailedError`` (the core raised anything else; nothing is queued) or
         ``EngineDeadError``. Admission waits at most one engine step.
         """
         if self._dead is not None:
@@ -232,24 +245,41 @@ class AsyncEngine:
                     if step.outputs:
                         self._to_loop(self._deliver, step.outputs)
                 self._stats = core.stats()
-        except Exception as exc:
+        except Exception:
             logger.exception("the engine loop crashed")
-            dead = EngineDeadError(f"the engine loop stopped: {type(exc).__name__}: {exc}")
+            dead = EngineDeadError("the engine stopped after an internal error")
             self._dead = dead
             self._to_loop(self._crash, dead)
 
     def _apply(self, commands: list[_Add | _Abort]) -> None:
+        """Apply submissions and aborts. Whatever one of them raises concerns that
+        request alone, so it never propagates to the step loop."""
         for command in commands:
             if isinstance(command, _Abort):
-                self.core.abort(command.request_id)
+                try:
+                    self.core.abort(command.request_id)
+                except Exception:
+                    logger.exception("aborting request %s failed", command.request_id)
                 continue
             request_id = command.request.request_id
+            error: EngineError | None = None
             try:
                 self.core.add_request(command.request)
             except EngineError as err:
-                self._to_loop(self._admit, request_id, err)
-            else:
-                self._to_loop(self._admit, request_id, None)
+                error = err
+            except Exception:
+                logger.exception("the engine could not accept request %s", request_id)
+                error = SubmissionFailedError("the engine could not accept this request")
+                self._discard(request_id)
+            self._to_loop(self._admit, request_id, error)
+
+    def _discard(self, request_id: str) -> None:
+        """Drop whatever a failed submission may have left in the core, so it neither
+        runs nor holds KV blocks."""
+        try:
+            self.core.abort(request_id)
+        except Exception:
+            logger.exception("cleaning up after request %s failed", request_id)
 
     def _to_loop(self, callback: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None

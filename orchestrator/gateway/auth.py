@@ -61,6 +61,6 @@ class APIKeyMiddleware:
             error = APIError(
                 401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
             )
-            await error.response()(scope, receive, send)
+            await error.send(scope, receive, send)
             return
         await self.app(scope, receive, send)

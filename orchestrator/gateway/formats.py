@@ -79,14 +79,24 @@ def _by_choice(deltas: Sequence[ChoiceDelta], num_choices: int) -> list[list[Cho
 
 
 class CompletionFormat:
-    """``/v1/completions``; ``logprobs`` is the legacy per-token list format."""
+    """``/v1/completions``; ``logprobs`` is the legacy per-token list format. ``echo``
+    holds each choice's prompt text when the client asked for it: a whole response
+    prepends it to the choice's text, a stream sends it as each choice's first chunk."""
 
-    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: bool) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        tokenizer: Tokenizer,
+        logprobs: bool,
+        echo: Sequence[str] | None = None,
+    ) -> None:
         self._id = response_id
         self._model = model
         self._created = int(time.time())
         self._tokens = _TokenStrings(tokenizer)
         self._logprobs = logprobs
+        self._echo = echo
 
     def _logprobs_of(self, tokens: Sequence[TokenLogprob], offset: int) -> CompletionLogprobs:
         out = CompletionLogprobs()
@@ -100,7 +110,17 @@ class CompletionFormat:
         return out
 
     def stream_start(self, num_choices: int) -> list[BaseModel]:
-        return []
+        if self._echo is None:
+            return []
+        return [
+            CompletionResponse(
+                id=self._id,
+                created=self._created,
+                model=self._model,
+                choices=[CompletionChoice(index=i, text=self._echo[i])],
+            )
+            for i in range(num_choices)
+        ]
 
     def stream_chunk(self, delta: ChoiceDelta) -> BaseModel:
         logprobs = self._logprobs_of(delta.logprobs, delta.text_offset) if self._logprobs else None
@@ -131,10 +151,11 @@ class CompletionFormat:
                     logprobs.token_logprobs += piece.token_logprobs
                     logprobs.top_logprobs += piece.top_logprobs
                     logprobs.text_offset += piece.text_offset
+            prefix = self._echo[index] if self._echo is not None else ""
             choices.append(
                 CompletionChoice(
                     index=index,
-                    text="".join(d.text for d in parts),
+                    text=prefix + "".join(d.text for d in parts),
                     logprobs=logprobs,
                     finish_reason=_api_finish_reason(parts[-1].finish_reason if parts else None),
                 )

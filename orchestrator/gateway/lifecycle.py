@@ -3,7 +3,8 @@
 ``/health`` answers as soon as the process serves HTTP; ``/ready`` only once the model
 is loaded and the engine loop runs, and no longer once a drain has begun. A drain stops
 new generation requests (503), lets those in flight finish for up to the drain timeout,
-then aborts the rest: their streams end with an error chunk.
+then ends the rest (``end_requests``): a stream gets a final error event and
+``data: [DONE]``, a whole response a 503, and each is logged as the server's own end.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class GatewayLifecycle:
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests, wait up to ``timeout_s`` seconds for those in flight,
-        then abort what is left."""
+        then end what is left."""
         self.in_flight.closed = True
         logger.info("draining: %d requests in flight", self.in_flight.count)
         try:
@@ -142,19 +143,24 @@ class GatewayLifecycle:
             return
         except TimeoutError:
             pass
+        logger.warning(
+            "drain timeout of %.1f s reached; ending %d requests", timeout_s, self.in_flight.count
+        )
+        await self.end_requests(f"the server is shutting down (drain timeout of {timeout_s} s)")
+
+    async def end_requests(self, reason: str, grace_s: float = ABORT_GRACE_S) -> None:
+        """Refuse new requests and end every one in flight now with a 503 saying
+        ``reason``, then wait up to ``grace_s`` seconds for their last bytes to go out.
+        The engine keeps running (its lifespan shutdown stops it)."""
+        self.in_flight.closed = True
+        if self.in_flight.count == 0:
+            return
         if self.engine is not None:
-            logger.warning(
-                "drain timeout of %.1f s reached; aborting %d requests",
-                timeout_s,
-                self.in_flight.count,
-            )
-            self.engine.abort_all(
-                EngineDeadError(f"the server is shutting down (drain timeout of {timeout_s} s)")
-            )
+            self.engine.abort_all(EngineDeadError(reason))
         try:
-            await asyncio.wait_for(self.in_flight.wait_idle(), ABORT_GRACE_S)
+            await asyncio.wait_for(self.in_flight.wait_idle(), grace_s)
         except TimeoutError:
-            logger.warning("%d requests still open after the abort", self.in_flight.count)
+            logger.warning("%d requests still open after ending them", self.in_flight.count)
 
     async def shutdown(self) -> None:
         if self._watch is not None:

@@ -6,6 +6,12 @@ benchmark client. Each engine request (one choice of an API request) is one reco
 arrival is when the API request reached the gateway, its token times are when each
 step's tokens reached the serving layer. Latencies cover requests that finished with
 ``stop`` or ``length``. Engine gauges are read from the engine's stats at scrape time.
+
+The queue and KV gauges are also exported under vLLM's names (``vllm:num_requests_waiting``,
+``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``, labelled ``model_name`` as
+vLLM's are), which an inference router such as llm-d's endpoint picker (Gateway API
+Inference Extension) reads by default; ``kv_cache_usage_perc`` is a fraction in 0..1,
+as vLLM's is despite its name.
 """
 
 from __future__ import annotations
@@ -20,16 +26,19 @@ from orchestrator.common.metrics import RequestRecord
 from orchestrator.core import EngineStats, FinishReason
 
 PREFIX = "orchestrator"
+VLLM_PREFIX = "vllm:"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
 
 class _EngineCollector(Collector):
-    """Gauges and the preemption counter, from the engine's latest stats."""
+    """Gauges and the preemption counter, from the engine's latest stats; the router's
+    gauges again under vLLM's names."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats | None], model_name: str) -> None:
         self._stats = stats
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
@@ -47,18 +56,46 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_kv_cache_usage_ratio", "Fraction of KV blocks in use (0..1).", value=usage
         )
+        vllm: dict[str, tuple[str, float]] = {
+            "num_requests_waiting": ("Requests waiting for admission.", stats.num_waiting),
+            "num_requests_running": ("Requests in the running batch.", stats.num_running),
+            "kv_cache_usage_perc": ("Fraction of KV blocks in use (0..1).", usage),
+        }
+        for name, (doc, sample) in vllm.items():
+            family = GaugeMetricFamily(f"{VLLM_PREFIX}{name}", doc, labels=["model_name"])
+            family.add_metric([self._model_name], sample)
+            yield family
         yield CounterMetricFamily(
             f"{PREFIX}_preemptions",
             "Requests preempted (recompute) since start.",
             value=stats.num_preemptions,
         )
+        yield CounterMetricFamily(
+            f"{PREFIX}_requests_shed",
+            "Waiting requests ended past their SLO class's TTFT deadline since start.",
+            value=stats.num_shed,
+        )
+        # Median |predicted - actual| / actual over recent steps / first tokens; absent
+        # until there is one.
+        errors = {
+            "step_time_prediction_error": stats.step_time_error,
+            "ttft_prediction_error": stats.ttft_prediction_error,
+        }
+        for name, error in errors.items():
+            if error is not None:
+                yield GaugeMetricFamily(
+                    f"{PREFIX}_{name}",
+                    f"Median relative error of the engine's {name.split('_pred')[0]} "
+                    "predictions (recent window).",
+                    value=error,
+                )
 
 
 class GatewayMetrics:
     """The gateway's Prometheus metrics. ``stats`` returns the engine's latest stats, or
-    ``None`` while no engine runs."""
+    ``None`` while no engine runs; ``model_name`` labels the vLLM-named gauges."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats | None], model_name: str) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(
@@ -110,7 +147,7 @@ class GatewayMetrics:
         self.generation_tokens = Counter(
             f"{PREFIX}_generation_tokens", "Output tokens generated (as in usage).", registry=r
         )
-        r.register(_EngineCollector(stats))
+        r.register(_EngineCollector(stats, model_name))
 
     def observe_request(
         self, record: RequestRecord, finish_reason: FinishReason, queue_time_s: float | None

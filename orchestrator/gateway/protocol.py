@@ -1,142 +1,383 @@
 """The OpenAI API as JSON: request and response models for completions, chat, models and
 errors. Nothing outside ``orchestrator.gateway`` imports this module: the serving layer
-turns these into engine ``Request``s.
+turns these into engine ``Submission``s.
 
-Requests forbid unknown fields (a misspelt parameter is a 400 that names it, not a
-silently ignored setting). Extensions to OpenAI's schema: ``top_k``, ``ignore_eos`` and
-``priority`` (lower numbers are served first).
+Requests accept OpenAI's whole request schema, with strict JSON types (``"4"``, ``4.0``
+and ``true`` are not integers; ``"yes"`` is not a boolean) and every value bounded
+(the ``*_MAX``/``MAX_*`` constants below; ``/openapi.json`` states each one). A field
+the server cannot honour is accepted only at the values that change nothing
+(``NOOP_VALUES``); any other value is a 400 that names the field, as is an unknown
+field (a misspelt parameter is an error, not a silently ignored setting). Errors of
+rules that span fields name the fields too: they are raised as
+``PydanticCustomError`` with the field in ``ctx["param"]``.
+
+Extensions to OpenAI's schema (vLLM's names): ``top_k``, ``ignore_eos``, ``min_tokens``
+(only where it cannot matter), ``priority`` (lower is served first), ``slo_class``
+(a configured SLO class; also the ``X-SLO-Class`` header),
+``stream_options.continuous_usage_stats`` (usage on every chunk), and
+``repetition_penalty``/``min_p``/``skip_special_tokens`` at their neutral values.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+# ---------------------------------------------------------------------- limits
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 256  # characters per stop string (matching cost grows with it)
 MAX_CHOICES = 16  # n, and prompts x n for a batch of completion prompts
+MAX_PROMPTS = MAX_CHOICES  # prompts in one completions batch
 MAX_LOGPROBS = 20
+INT32_MAX = 2**31 - 1
+MAX_TOKENS_MAX = INT32_MAX  # schema bound; the model's context bounds it further
+TOKEN_ID_MAX = INT32_MAX  # schema bound; the vocabulary bounds it further
+TOP_K_MAX = INT32_MAX
+PRIORITY_MIN, PRIORITY_MAX = -INT32_MAX, INT32_MAX
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # OpenAI's int64
+MAX_USER_LENGTH = 256  # also the engine's tenant key
+MAX_SLO_CLASS_LENGTH = 64
+MAX_NAME_LENGTH = 256
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
 
 
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _token_ids(value: Any) -> bool:
+    """A non-empty list of token ids within the schema's bounds."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(_is_token_id(t) and 0 <= t <= TOKEN_ID_MAX for t in value)
+    )
+
+
+def cross_field_error(param: str, message: str) -> PydanticCustomError:
+    """A validation error about ``param`` (a field path relative to the model that
+    raises it) that the error mapping reports as ``<path>: <message>`` with that
+    ``param``; ``message`` should name every field involved."""
+    return PydanticCustomError("invalid_combination", message, {"param": param})
+
+
+def _valid_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _first_bad_text(value: Any) -> str | None:
+    """The dotted path of the first string (or key) in a parsed JSON value that is not
+    valid Unicode (it holds a lone UTF-16 surrogate such as ``"\\ud800"``), or ``None``.
+    Iterative, so however deep the nesting, it cannot overflow the stack."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        children: list[tuple[str, Any]] = []
+        if isinstance(item, str):
+            if not _valid_text(item):
+                return path or "(body)"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                key = str(key)
+                if not _valid_text(key):
+                    return f"{path}.(key)" if path else "(key)"
+                children.append((f"{path}.{key}" if path else key, child))
+        elif isinstance(item, list):
+            children = [(f"{path}.{i}" if path else str(i), c) for i, c in enumerate(item)]
+        stack.extend(reversed(children))  # depth-first, in document order
+    return None
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class _Body(_Request):
+    """A whole request body: every string in it must be valid Unicode, since the
+    tokenizer (and the log line) cannot take a lone surrogate."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        bad = _first_bad_text(data)
+        if bad is not None:
+            raise PydanticCustomError(
+                "invalid_unicode",
+                "text contains a lone UTF-16 surrogate; strings must be valid Unicode",
+                {"param": bad},
+            )
+        return data
+
+
+def _only(data: _Request, field: str, allowed: Callable[[Any], bool], what: str, why: str) -> None:
+    """Raise unless ``data.<field>`` is unset or passes ``allowed``."""
+    value = getattr(data, field)
+    if value is not None and not allowed(value):
+        raise cross_field_error(field, f"{why}; only {what} is accepted")
+
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
 
 
 class StreamOptions(_Request):
-    include_usage: bool = False
+    """``include_usage``: a final chunk with no choices carries the usage.
+    ``continuous_usage_stats`` (vLLM's extension): every chunk also carries the usage
+    so far. ``include_obfuscation`` is accepted and changes nothing (no chunk is
+    padded)."""
+
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+    include_obfuscation: bool | None = None
 
 
-class _GenerationRequest(_Request):
-    """Fields shared by completions and chat completions."""
+class _GenerationRequest(_Body):
+    """Fields shared by completions and chat completions. ``None`` means OpenAI's
+    default throughout."""
 
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1, description="extension: keep the k likeliest; 0 or -1 disable")
-    seed: int | None = None
-    stop: list[str] = Field(default_factory=list)
-    n: int = Field(1, ge=1, le=MAX_CHOICES)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    ignore_eos: bool = Field(False, description="extension: do not stop at end-of-sequence")
-    priority: int | None = Field(None, description="extension: lower is served first")
-    user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    model: str | None = Field(None, description="must be the served model's name if given")
+    max_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS_MAX, description="output tokens per choice"
+    )
+    temperature: float | None = Field(
+        None, ge=0, le=2, description="default 1; 0 (or below 1e-5) is greedy"
+    )
+    top_p: float | None = Field(None, gt=0, le=1, description="default 1")
+    top_k: int | None = Field(
+        None, ge=-1, le=TOP_K_MAX, description="extension: keep the k likeliest; 0 or -1 off"
+    )
+    seed: int | None = Field(
+        None, ge=SEED_MIN, le=SEED_MAX, description="choice i of a prompt uses seed + i"
+    )
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = (
+        Field(None, description=f"up to {MAX_STOP_STRINGS} strings, never returned")
+    )
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES, description="choices per prompt")
+    stream: bool | None = None
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    ignore_eos: bool | None = Field(None, description="extension: do not stop at end-of-sequence")
+    min_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_TOKENS_MAX,
+        description="extension: accepted where it changes nothing (0, or with ignore_eos "
+        "and no stop strings)",
+    )
+    priority: int | None = Field(
+        None, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="extension: lower is served first"
+    )
+    slo_class: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SLO_CLASS_LENGTH,
+        description="extension: the configured SLO class to serve the request under",
+    )
+    user: str | None = Field(None, max_length=MAX_USER_LENGTH)
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="only 0")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="only 0")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="only {} (the sampler has no logit bias)"
+    )
+    repetition_penalty: float | None = Field(None, gt=0, le=2, description="extension: only 1")
+    min_p: Probability | None = Field(None, description="extension: only 0")
+    skip_special_tokens: bool | None = Field(None, description="extension: only true")
 
     @field_validator("stop", mode="before")
     @classmethod
-    def _stop_list(cls, value: Any) -> Any:
-        if value is None:
-            return []
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-            raise ValueError("stop must be a string or a list of strings")
-        if len(value) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
-        if any(not s for s in value):
-            raise ValueError("stop strings must be non-empty")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalties(cls, value: float) -> float:
-        if value != 0:
-            raise ValueError("penalties are not supported; only 0 is accepted")
-        return value
+    def _stop_strings(cls, value: Any) -> Any:
+        """One clear message for a wrong ``stop``, instead of one per union branch."""
+        strings = [value] if isinstance(value, str) else value
+        if value is None or (
+            isinstance(strings, list)
+            and len(strings) <= MAX_STOP_STRINGS
+            and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LENGTH for s in strings)
+        ):
+            return value
+        raise ValueError(
+            f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings, each "
+            f"1 to {MAX_STOP_LENGTH} characters"
+        )
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> _GenerationRequest:
+    def _generation_rules(self) -> _GenerationRequest:
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise cross_field_error("stream_options", "stream_options requires stream: true")
+        zero = "0"
+        _only(self, "presence_penalty", lambda v: v == 0, zero, "penalties are not supported")
+        _only(self, "frequency_penalty", lambda v: v == 0, zero, "penalties are not supported")
+        _only(self, "logit_bias", lambda v: not v, "{}", "logit bias is not supported")
+        _only(self, "repetition_penalty", lambda v: v == 1, "1", "penalties are not supported")
+        _only(self, "min_p", lambda v: v == 0, zero, "min_p is not supported")
+        _only(self, "skip_special_tokens", bool, "true", "special tokens are always skipped")
+        if self.min_tokens:
+            if not self.ignore_eos or self.stop_strings:
+                raise cross_field_error(
+                    "min_tokens",
+                    "min_tokens above 0 is only honoured with ignore_eos: true and no stop "
+                    "strings (each choice then runs to max_tokens)",
+                )
+            if self.output_limit is not None and self.min_tokens > self.output_limit:
+                raise cross_field_error(
+                    "min_tokens", "min_tokens must not exceed max_tokens/max_completion_tokens"
+                )
         return self
 
     @property
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def output_limit(self) -> int | None:
+        """Output tokens per choice the client asked for, if any."""
+        return self.max_tokens
+
+    @property
+    def output_limit_field(self) -> str:
+        return "max_tokens"
+
+    @property
     def include_usage_in_stream(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
+        return self.stream_options is not None and bool(self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and bool(self.stream_options.continuous_usage_stats)
+
+
+PromptTokens = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(_GenerationRequest):
     """``POST /v1/completions``. ``prompt`` is a string, a list of token ids, or a batch
-    (list) of either; each prompt gets ``n`` choices."""
+    (list) of up to 16 of either; each prompt gets ``n`` choices."""
 
-    prompt: list[str] | list[list[int]]
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[
+            list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)
+        ]
+        | PromptTokens
+        | Annotated[list[PromptTokens], Field(min_length=1, max_length=MAX_PROMPTS)]
+    ) = Field(description=f"a string, token ids, or a list of up to {MAX_PROMPTS} of either")
+    echo: bool | None = Field(None, description="prepend the prompt to each choice's text")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES, description="only equal to n")
+    suffix: str | None = Field(None, description='only "" (no insertion)')
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _prompt_batch(cls, value: Any) -> Any:
-        """Normalise to a batch: a list of strings or a list of token-id lists."""
-        if isinstance(value, str):
-            return [value]
+    def _prompt_shape(cls, value: Any) -> Any:
+        """One clear message for a wrong ``prompt``, instead of one per union branch."""
+        if isinstance(value, str) and value:
+            return value
+        if _token_ids(value):
+            return value
         if isinstance(value, list) and value:
-            if all(_is_token_id(t) for t in value):
-                return [value]
-            if all(isinstance(p, str) for p in value):
-                return value
-            if all(isinstance(p, list) and p and all(map(_is_token_id, p)) for p in value):
+            batch = all(isinstance(p, str) and p for p in value) or all(map(_token_ids, value))
+            if batch and len(value) > MAX_PROMPTS:
+                raise ValueError(f"{len(value)} prompts in one request; at most {MAX_PROMPTS}")
+            if batch:
                 return value
         raise ValueError(
-            "prompt must be a non-empty string, a list of token ids, or a list of either"
+            "prompt must be a non-empty string, a non-empty list of token ids, or a list of either"
         )
 
     @model_validator(mode="after")
-    def _batch_size(self) -> CompletionRequest:
-        if len(self.prompt) * self.n > MAX_CHOICES:
-            raise ValueError(
-                f"{len(self.prompt)} prompts x n={self.n} is over {MAX_CHOICES} choices"
+    def _completion_rules(self) -> CompletionRequest:
+        prompts = len(self.prompts)
+        n = self.n or 1
+        if prompts * n > MAX_CHOICES:
+            raise cross_field_error(
+                "n", f"{prompts} prompts x n={n} is over {MAX_CHOICES} choices per request"
+            )
+        if self.best_of is not None and self.best_of != n:
+            raise cross_field_error(
+                "best_of", f"best_of must equal n ({n}): choices are not ranked server-side"
+            )
+        _only(self, "suffix", lambda v: v == "", '""', "suffix insertion is not supported")
+        if self.echo and self.logprobs is not None:
+            raise cross_field_error(
+                "echo", "echo with logprobs is not supported (no prompt logprobs)"
             )
         return self
 
+    @property
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt as a batch: a list of strings or a list of token-id lists."""
+        p: Any = self.prompt  # the validator fixed which of the four shapes it is
+        if isinstance(p, str) or _is_token_id(p[0]):
+            return [p]
+        return list(p)
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
 
 class ChatMessage(_Request):
-    """One message; ``content`` may also be a list of text parts, which are joined."""
+    """One message. ``content`` is a string or a list of text parts (joined); an
+    assistant message's may be null. Fields for tool calls are accepted empty."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str
-    name: str | None = None
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, max_length=MAX_NAME_LENGTH)
+    tool_calls: list[dict[str, Any]] | None = Field(None, description="only []")
+    function_call: dict[str, Any] | None = Field(None, description="only null")
+    refusal: str | None = None
+    audio: dict[str, Any] | None = Field(None, description="only null")
+    annotations: list[dict[str, Any]] | None = None
 
     @field_validator("content", mode="before")
     @classmethod
     def _text_content(cls, value: Any) -> Any:
-        if isinstance(value, str):
+        """Text parts only: this server's models read text."""
+        if value is None or isinstance(value, str):
             return value
-        if isinstance(value, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-            for p in value
-        ):
-            return "".join(p["text"] for p in value)
-        raise ValueError(
-            "content must be a string or a list of text parts "
-            "({'type': 'text', 'text': ...}); other part types are not supported"
-        )
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(
+                        f"part {i} has type {kind!r}: only text parts "
+                        "({'type': 'text', 'text': ...}) are supported"
+                    )
+            return value
+        raise ValueError("content must be a string or a list of text parts")
+
+    @model_validator(mode="after")
+    def _message_rules(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise cross_field_error("content", f"a {self.role} message needs content")
+        _only(self, "tool_calls", lambda v: not v, "[]", "tool calling is not supported")
+        _only(self, "function_call", lambda v: False, "null", "tool calling is not supported")
+        _only(self, "audio", lambda v: False, "null", "audio is not supported")
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -144,30 +385,119 @@ class ChatCompletionRequest(_GenerationRequest):
     template. ``max_completion_tokens`` is the newer name of ``max_tokens``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_MAX)
+    logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[dict[str, Any]] | None = Field(None, description="only []")
+    tool_choice: Literal["none", "auto"] | dict[str, Any] | None = Field(
+        None, description='only "none" or "auto" (no tools are offered)'
+    )
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = Field(None, description="only []")
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = Field(
+        None, description='only "none" or "auto"'
+    )
+    response_format: ResponseFormat | None = Field(None, description='only {"type": "text"}')
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    store: bool | None = None
+    metadata: (
+        Annotated[
+            dict[
+                Annotated[str, Field(max_length=MAX_METADATA_KEY)],
+                Annotated[str, Field(max_length=MAX_METADATA_VALUE)],
+            ],
+            Field(max_length=MAX_METADATA_PAIRS),
+        ]
+        | None
+    ) = None
+    prompt_cache_key: str | None = Field(None, max_length=MAX_USER_LENGTH)
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = None
+    safety_identifier: str | None = Field(None, max_length=MAX_USER_LENGTH)
+    modalities: list[Literal["text", "audio"]] | None = Field(None, description='only ["text"]')
+    audio: dict[str, Any] | None = Field(None, description="only null")
+    prediction: dict[str, Any] | None = Field(None, description="only null")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description='only "none" (the model does not reason)'
+    )
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description='only "medium"')
+    web_search_options: dict[str, Any] | None = Field(None, description="only null")
 
     @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+    def _chat_rules(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise cross_field_error("top_logprobs", "top_logprobs requires logprobs: true")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
-            raise ValueError("give max_tokens or max_completion_tokens, not both")
+            raise cross_field_error(
+                "max_completion_tokens", "give max_tokens or max_completion_tokens, not both"
+            )
+        no_tools = "tool calling is not supported"
+        _only(self, "tools", lambda v: not v, "[]", no_tools)
+        _only(self, "functions", lambda v: not v, "[]", no_tools)
+        _only(self, "tool_choice", lambda v: v in ("none", "auto"), '"none" or "auto"', no_tools)
+        _only(self, "function_call", lambda v: v in ("none", "auto"), '"none" or "auto"', no_tools)
+        _only(
+            self,
+            "response_format",
+            lambda v: v.type == "text",
+            '{"type": "text"}',
+            "structured output is not supported",
+        )
+        _only(self, "modalities", lambda v: v == ["text"], '["text"]', "the model outputs text")
+        _only(self, "audio", lambda v: False, "null", "audio output is not supported")
+        _only(self, "prediction", lambda v: False, "null", "predicted outputs are not supported")
+        _only(
+            self,
+            "reasoning_effort",
+            lambda v: v == "none",
+            '"none"',
+            "the model does not reason",
+        )
+        _only(self, "verbosity", lambda v: v == "medium", '"medium"', "verbosity is not adjustable")
+        _only(self, "web_search_options", lambda v: False, "null", "web search is not supported")
         return self
 
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def output_limit_field(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
+
+# The fields accepted only at values that change nothing, with those values, for the
+# documentation (docs/gateway.md lists the same).
+NOOP_VALUES: dict[str, str] = {
+    "presence_penalty, frequency_penalty": "0",
+    "logit_bias": "{}",
+    "best_of": "equal to n",
+    "suffix": '""',
+    "min_tokens": "0, or any value up to max_tokens with ignore_eos and no stop",
+    "repetition_penalty": "1",
+    "min_p": "0",
+    "skip_special_tokens": "true",
+    "tools, functions, messages[].tool_calls": "[]",
+    "tool_choice, function_call": '"none" or "auto"',
+    "response_format": '{"type": "text"}',
+    "modalities": '["text"]',
+    "reasoning_effort": '"none"',
+    "verbosity": '"medium"',
+    "audio, prediction, web_search_options, messages[].function_call": "null",
+}
+
 
 # ---------------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens served from the prefix cache")
 
 
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 FinishReasonLiteral = Literal["stop", "length"]

@@ -3,8 +3,12 @@
 uvicorn's own SIGTERM handling closes the listening socket at once; here SIGTERM starts
 a drain instead: ``/ready`` turns 503 and new generation requests get 503 while the
 socket stays open, requests in flight finish (up to ``server.drain_timeout_s``), the rest
-are aborted with a final error chunk, and the process exits 0. SIGINT, or a second
-SIGTERM, skips the drain.
+are ended, and the process exits 0. SIGINT, or a second SIGTERM, skips the drain.
+
+However the server stops, before uvicorn closes connections every request still in
+flight is ended by the server: a stream gets a final error event and ``data: [DONE]``,
+a whole response a 503, each logged as a server-side end (503, not a client's 499), so
+no task is left for uvicorn to cancel. Only a forced exit (a third signal) skips that.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 # Once drained, how long uvicorn waits for idle keep-alive connections to close (s).
 CONNECTION_CLOSE_TIMEOUT_S = 5
+SHUTDOWN_REASON = "the server is shutting down"
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -57,15 +62,25 @@ class GatewayServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and not self.lifecycle.draining and self._loop is not None:
-            # Not recorded as a captured signal: uvicorn would re-raise it on the way out
-            # and the process would die by SIGTERM instead of exiting 0.
+        """SIGTERM: drain; a second one: stop now (``shutdown`` ends what is in flight); a
+        third: force. Other signals as uvicorn handles them. Safe from any thread."""
+        # SIGTERM is not recorded as a captured signal: uvicorn would re-raise it on the
+        # way out and the process would die by SIGTERM instead of exiting 0.
+        if sig != signal.SIGTERM:
+            super().handle_exit(sig, frame)
+        elif self.should_exit:
+            self.force_exit = True
+        elif self.lifecycle.draining or self._loop is None:
+            self.should_exit = True
+        else:
             self._loop.call_soon_threadsafe(self._spawn, self.drain_and_exit())
-            return
-        if sig == signal.SIGTERM:
-            self.should_exit = self.force_exit = True
-            return
-        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """End every request still in flight (error event or 503), then uvicorn's own
+        shutdown: connections close, the lifespan stops the engine."""
+        if not self.force_exit:
+            await self.lifecycle.end_requests(SHUTDOWN_REASON)
+        await super().shutdown(sockets)
 
     async def drain_and_exit(self) -> None:
         await self.lifecycle.drain(self.drain_timeout_s)

@@ -1,11 +1,11 @@
-"""The serving layer: OpenAI requests in, engine requests out, and back.
+"""The serving layer: OpenAI requests in, engine submissions out, and back.
 
 For each API request it validates what the schema cannot (model name, prompt length
-against the context), builds one engine ``Request`` per choice with ``SamplingParams``
-(end-of-sequence ids as stop tokens unless ``ignore_eos``), submits them, and turns their
-output streams into a JSON response or server-sent events. It also closes the loop on
-every request: aborts what is still running when the client leaves, records metrics and
-writes one log line.
+against the context, output tokens against the server's limit), builds one engine
+``Submission`` per choice with ``SamplingParams`` (end-of-sequence ids as stop tokens
+unless ``ignore_eos``), submits them, and turns their output streams into a JSON
+response or server-sent events. It also closes the loop on every request: aborts what
+is still running when the client leaves, records metrics and writes one log line.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from orchestrator.gateway.errors import APIError, to_api_error
 from orchestrator.gateway.formats import ChatFormat, CompletionFormat, ResponseFormat
 from orchestrator.gateway.lifecycle import InFlight
 from orchestrator.gateway.metrics import GatewayMetrics
+from orchestrator.gateway.middleware import mark_logged
 from orchestrator.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    PromptTokensDetails,
     Usage,
 )
 from orchestrator.gateway.tokenizer import ChatTemplateError, Tokenizer
@@ -41,17 +43,64 @@ logger = logging.getLogger("orchestrator.gateway.requests")
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before the answer
+# Temperatures below this are greedy: dividing logits by a smaller one overflows float32
+# (and the distribution is one-hot to float precision anyway).
+GREEDY_BELOW_TEMPERATURE = 1e-5
+SEED_MODULUS = 2**64  # choice seeds wrap into the unsigned 64 bits executors take
+MAX_LOGGED_NAME = 64  # characters of a client-supplied name echoed in an error message
+
+
+SLO_CLASS_HEADER = "X-SLO-Class"
+MAX_SLO_CLASS_HEADER = 64  # characters, as the body's ``slo_class``
+
+
+def _slo_class(body_class: str | None, call: CallInfo) -> str | None:
+    """The body's ``slo_class`` wins over the ``X-SLO-Class`` header; ``None`` leaves the
+    choice to the engine (the tenant's default class, then the configured default). The
+    engine rejects an unknown class with a 400 naming ``slo_class``."""
+    if body_class is not None:
+        return body_class
+    header = call.http.headers.get(SLO_CLASS_HEADER)
+    if header is None:
+        return None
+    if not 0 < len(header) <= MAX_SLO_CLASS_HEADER or not header.isprintable():
+        raise APIError(
+            400,
+            f"{SLO_CLASS_HEADER}: must be 1 to {MAX_SLO_CLASS_HEADER} printable characters",
+            param=SLO_CLASS_HEADER,
+            code="invalid_value",
+        )
+    return header
+
+
+def _tenant(user: str | None, call: CallInfo) -> str | None:
+    """Whose share of service a request counts against: the API key it authenticated
+    with, else the OpenAI ``user`` field (auth off)."""
+    scheme, _, key = call.http.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and key:
+        return key
+    return user
 
 
 @dataclass(frozen=True, slots=True)
 class CallInfo:
     """Per-HTTP-request facts the routes pass down. ``arrival_time`` is on the engine's
-    clock (seconds); ``priority_header`` is the raw ``X-Priority`` value, if any."""
+    clock (seconds); ``priority_header`` is the validated ``X-Priority`` value, if any."""
 
     request_id: str
     arrival_time: float
-    priority_header: str | None
+    priority_header: int | None
     http: HTTPRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """Output-token settings of the server (``ServerConfig``): the chat default when a
+    request gives none (``None``: the rest of the context) and the most any choice may
+    ask for (``None``: only the context limits it)."""
+
+    default_chat_max_tokens: int | None = None
+    max_tokens_limit: int | None = None
 
 
 @dataclass
@@ -63,14 +112,16 @@ class _Job:
     prompts: list[list[int]]
     priority: int
     prompt_text: Any
+    choices_per_prompt: int = 1
     choices: list[ChoiceState] = field(default_factory=list)
     streams: list[RequestStream] = field(default_factory=list)
     status: int = 200
     error: str | None = None
+    error_detail: str | None = None
     closed: bool = False
 
     def fail(self, error: APIError) -> None:
-        self.status, self.error = error.status_code, error.message
+        self.status, self.error, self.error_detail = error.status_code, error.message, error.detail
 
     @property
     def client_left(self) -> bool:
@@ -78,10 +129,19 @@ class _Job:
         return self.error is None and not all(c.finished for c in self.choices)
 
     def usage(self) -> Usage:
+        """Tokens so far. A prompt counts once however many choices it has; its cached
+        tokens are the most any of its choices found in the prefix cache."""
         prompt = sum(len(p) for p in self.prompts)
         completion = sum(c.num_output_tokens for c in self.choices)
+        cached = 0
+        for start in range(0, len(self.choices), self.choices_per_prompt):
+            group = self.choices[start : start + self.choices_per_prompt]
+            cached += max(c.num_cached_tokens for c in group)
         return Usage(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
 
@@ -96,6 +156,7 @@ class OpenAIServing:
         metrics: GatewayMetrics,
         in_flight: InFlight,
         log_prompts: bool = False,
+        limits: ServingLimits | None = None,
     ) -> None:
         self._engine = engine
         self._tokenizer = tokenizer
@@ -103,6 +164,7 @@ class OpenAIServing:
         self._metrics = metrics
         self._in_flight = in_flight
         self._log_prompts = log_prompts
+        self._limits = limits or ServingLimits()
 
     def now(self) -> float:
         """The engine clock (seconds): request arrival and token times use it."""
@@ -112,15 +174,31 @@ class OpenAIServing:
 
     async def completions(self, body: CompletionRequest, call: CallInfo) -> Response:
         self._check_model(body.model)
-        batch: list[str | list[int]] = list(body.prompt)
+        batch: list[str | list[int]] = list(body.prompts)
         prompts = [self._completion_prompt(p, i, len(batch)) for i, p in enumerate(batch)]
-        max_tokens = body.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+        max_tokens = body.max_tokens
+        if max_tokens is None:
+            max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+            if self._limits.max_tokens_limit is not None:
+                max_tokens = min(max_tokens, self._limits.max_tokens_limit)
+        else:
+            self._check_limit(max_tokens, "max_tokens")
         for prompt in prompts:
             self._check_context(prompt, max_tokens, "max_tokens")
+        n = body.n or 1
+        echo = None
+        if body.echo:
+            texts = [p if isinstance(p, str) else self._tokenizer.decode(p) for p in batch]
+            echo = [text for text in texts for _ in range(n)]
         fmt = CompletionFormat(
-            f"cmpl-{call.request_id}", self.model_name, self._tokenizer, body.logprobs is not None
+            f"cmpl-{call.request_id}",
+            self.model_name,
+            self._tokenizer,
+            body.logprobs is not None,
+            echo=echo,
         )
-        job = _Job(call, "completions", prompts, self._priority(body.priority, call), body.prompt)
+        priority = self._priority(body.priority, call)
+        job = _Job(call, "completions", prompts, priority, body.prompt, choices_per_prompt=n)
         return await self._run(job, body, fmt, max_tokens, body.logprobs)
 
     async def chat(self, body: ChatCompletionRequest, call: CallInfo) -> Response:
@@ -128,7 +206,7 @@ class OpenAIServing:
         # The chat template knows system/user/assistant; "developer" is OpenAI's newer
         # name for system instructions.
         messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.content}
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
             for m in body.messages
         ]
         try:
@@ -137,7 +215,9 @@ class OpenAIServing:
             raise APIError(
                 400, f"messages: {err}", param="messages", code="invalid_value"
             ) from None
-        limit_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        except Exception as exc:
+            raise _untokenizable("messages", exc) from None
+        limit_field = body.output_limit_field
         room = self._engine.max_model_len - len(prompt)
         if room < 1:
             raise APIError(
@@ -147,22 +227,33 @@ class OpenAIServing:
                 param="messages",
                 code="context_length_exceeded",
             )
-        max_tokens = body.output_limit or room
+        max_tokens = body.output_limit
+        if max_tokens is None:
+            # A default never fails a request: it shrinks to what the context leaves.
+            max_tokens = min(
+                room,
+                self._limits.default_chat_max_tokens or room,
+                self._limits.max_tokens_limit or room,
+            )
+        else:
+            self._check_limit(max_tokens, limit_field)
         self._check_context(prompt, max_tokens, limit_field)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         fmt = ChatFormat(
-            f"chatcmpl-{call.request_id}", self.model_name, self._tokenizer, body.logprobs
+            f"chatcmpl-{call.request_id}", self.model_name, self._tokenizer, bool(body.logprobs)
         )
-        job = _Job(call, "chat", [prompt], self._priority(body.priority, call), messages)
+        priority = self._priority(body.priority, call)
+        job = _Job(call, "chat", [prompt], priority, messages, choices_per_prompt=body.n or 1)
         return await self._run(job, body, fmt, max_tokens, logprobs)
 
     # ------------------------------------------------------------------ validation
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
+            shown = model if len(model) <= MAX_LOGGED_NAME else model[:MAX_LOGGED_NAME] + "…"
             raise APIError(
                 404,
-                f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                f"model {shown!r} does not exist; this server serves {self.model_name!r}",
                 param="model",
                 code="model_not_found",
             )
@@ -170,7 +261,10 @@ class OpenAIServing:
     def _completion_prompt(self, prompt: str | list[int], index: int, count: int) -> list[int]:
         param = "prompt" if count == 1 else f"prompt.{index}"
         if isinstance(prompt, str):
-            ids = self._tokenizer.encode(prompt)
+            try:
+                ids = self._tokenizer.encode(prompt)
+            except Exception as exc:
+                raise _untokenizable(param, exc) from None
         else:
             vocab = self._tokenizer.vocab_size
             bad = next((t for t in prompt if not 0 <= t < vocab), None)
@@ -186,6 +280,17 @@ class OpenAIServing:
             raise APIError(400, f"{param}: the prompt is empty", param=param, code="invalid_value")
         return ids
 
+    def _check_limit(self, max_tokens: int, limit_field: str) -> None:
+        limit = self._limits.max_tokens_limit
+        if limit is not None and max_tokens > limit:
+            raise APIError(
+                400,
+                f"{limit_field}: {max_tokens} is over this server's limit of {limit} output "
+                "tokens per choice",
+                param=limit_field,
+                code="invalid_value",
+            )
+
     def _check_context(self, prompt: Sequence[int], max_tokens: int, limit_field: str) -> None:
         limit = self._engine.max_model_len
         if len(prompt) + max_tokens > limit:
@@ -200,22 +305,35 @@ class OpenAIServing:
 
     @staticmethod
     def _priority(body_priority: int | None, call: CallInfo) -> int:
-        """The body's ``priority`` wins over the ``X-Priority`` header; default 0."""
+        """The body's ``priority`` wins over the ``X-Priority`` header; default 0. Both
+        are validated to the same range at the API."""
         if body_priority is not None:
             return body_priority
-        if call.priority_header is None:
-            return 0
-        try:
-            return int(call.priority_header.strip())
-        except ValueError:
-            raise APIError(
-                400,
-                f"X-Priority header must be an integer, got {call.priority_header!r}",
-                param="X-Priority",
-                code="invalid_value",
-            ) from None
+        return call.priority_header if call.priority_header is not None else 0
 
     # ------------------------------------------------------------------ generation
+
+    @staticmethod
+    def _sampling(
+        body: CompletionRequest | ChatCompletionRequest,
+        max_tokens: int,
+        logprobs: int | None,
+        stop_ids: tuple[int, ...],
+        choice: int,
+    ) -> SamplingParams:
+        temperature = 1.0 if body.temperature is None else body.temperature
+        if temperature < GREEDY_BELOW_TEMPERATURE:
+            temperature = 0.0
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=max(body.top_k or 0, 0),
+            # Choices of one prompt must differ, yet stay reproducible.
+            seed=None if body.seed is None else (body.seed + choice) % SEED_MODULUS,
+            stop_token_ids=stop_ids,
+            logprobs=logprobs,
+        )
 
     async def _run(
         self,
@@ -226,26 +344,18 @@ class OpenAIServing:
         logprobs: int | None,
     ) -> Response:
         stop_ids = () if body.ignore_eos else self._tokenizer.eos_token_ids
-        num_choices = len(job.prompts) * body.n
+        n = job.choices_per_prompt
+        num_choices = len(job.prompts) * n
         self._in_flight.acquire()
         try:
             for prompt_index, prompt in enumerate(job.prompts):
-                for k in range(body.n):
-                    index = prompt_index * body.n + k
-                    sampling = SamplingParams(
-                        max_tokens=max_tokens,
-                        temperature=body.temperature,
-                        top_p=body.top_p,
-                        top_k=max(body.top_k, 0),
-                        # Choices of one prompt must differ, yet stay reproducible.
-                        seed=None if body.seed is None else body.seed + k,
-                        stop_token_ids=stop_ids,
-                        logprobs=logprobs,
-                    )
+                for k in range(n):
+                    index = prompt_index * n + k
+                    sampling = self._sampling(body, max_tokens, logprobs, stop_ids, k)
                     request_id = job.call.request_id
                     if num_choices > 1:
                         request_id = f"{request_id}-{index}"
-                    await self._submit(job, index, request_id, prompt, sampling, body.stop)
+                    await self._submit(job, index, request_id, prompt, sampling, body)
         except EngineError as exc:
             error = to_api_error(exc)
             job.fail(error)
@@ -259,8 +369,9 @@ class OpenAIServing:
             raise
         if body.stream:
             return _SSEResponse(
-                self._sse(job, fmt, body.include_usage_in_stream),
+                self._sse(job, fmt, body.include_usage_in_stream, body.continuous_usage),
                 on_close=lambda: self._close(job),
+                on_cancel=lambda: _cut_by_server(job),
             )
         return await self._respond(job, fmt)
 
@@ -271,7 +382,7 @@ class OpenAIServing:
         request_id: str,
         prompt: list[int],
         sampling: SamplingParams,
-        stop: list[str],
+        body: CompletionRequest | ChatCompletionRequest,
     ) -> None:
         request = Submission(
             request_id=request_id,
@@ -279,8 +390,10 @@ class OpenAIServing:
             sampling=sampling,
             priority=job.priority,
             arrival_time=job.call.arrival_time,
+            slo_class=_slo_class(body.slo_class, job.call),
+            tenant=_tenant(body.user, job.call),
         )
-        choice = ChoiceState(index, request, self._tokenizer, stop)
+        choice = ChoiceState(index, request, self._tokenizer, body.stop_strings)
         job.streams.append(await self._engine.submit(request))
         job.choices.append(choice)
 
@@ -341,14 +454,17 @@ class OpenAIServing:
         body = fmt.response(deltas, len(job.choices), job.usage())
         return JSONResponse(body.model_dump(mode="json"))
 
-    async def _sse(self, job: _Job, fmt: ResponseFormat, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(
+        self, job: _Job, fmt: ResponseFormat, include_usage: bool, continuous_usage: bool
+    ) -> AsyncIterator[str]:
         try:
             for chunk in fmt.stream_start(len(job.choices)):
-                yield _sse_data(chunk)
+                yield _sse_data(chunk, job.usage() if continuous_usage else None)
             async with contextlib.aclosing(self._deltas(job)) as stream:
                 async for delta in stream:
                     if not delta.is_empty:
-                        yield _sse_data(fmt.stream_chunk(delta))
+                        usage = job.usage() if continuous_usage else None
+                        yield _sse_data(fmt.stream_chunk(delta), usage)
             if include_usage:
                 yield _sse_data(fmt.stream_usage(job.usage()))
         except Exception as exc:
@@ -389,10 +505,13 @@ class OpenAIServing:
         first_tokens = [c.token_times[0] for c in job.choices if c.token_times]
         entry: dict[str, Any] = {
             "request_id": job.call.request_id,
+            "method": job.call.http.method,
+            "path": job.call.http.url.path,
             "endpoint": job.endpoint,
             "status": CLIENT_CLOSED_REQUEST if job.client_left else job.status,
             "priority": job.priority,
             "prompt_tokens": usage.prompt_tokens,
+            "cached_tokens": usage.prompt_tokens_details.cached_tokens,
             "completion_tokens": usage.completion_tokens,
             "ttft_s": round(min(first_tokens) - arrival, 4) if first_tokens else None,
             "total_s": round(now - arrival, 4),
@@ -400,15 +519,37 @@ class OpenAIServing:
         }
         if job.error:
             entry["error"] = job.error
+        if job.error_detail:
+            entry["error_detail"] = job.error_detail
         if self._log_prompts:
             entry["prompt"] = job.prompt_text
         logger.info(json.dumps(entry))
+        mark_logged(job.call.http.scope)
 
 
-def _sse_data(chunk: BaseModel) -> str:
+def _cut_by_server(job: _Job) -> None:
+    """The server cancelled a stream it could not end in time (a forced exit): log it
+    as the server's end, not as a client that left."""
+    if job.error is None and not all(c.finished for c in job.choices):
+        job.fail(APIError(503, "the server shut down before the response completed"))
+
+
+def _untokenizable(param: str, exc: Exception) -> APIError:
+    """400 for text the tokenizer refused (the schema already rules out invalid Unicode,
+    so this is unexpected: the cause is logged, not returned)."""
+    logger.warning("the tokenizer refused %s", param, exc_info=exc)
+    return APIError(
+        400, f"{param}: the text could not be tokenized", param=param, code="invalid_value"
+    )
+
+
+def _sse_data(chunk: BaseModel, usage: Usage | None = None) -> str:
     """One SSE event. Like OpenAI's, every streamed choice carries ``finish_reason`` and
-    ``logprobs`` (null until set); unset delta fields and an absent ``usage`` are left out."""
+    ``logprobs`` (null until set); unset delta fields and an absent ``usage`` are left out.
+    ``usage`` (continuous usage stats) is set on the chunk if given."""
     data = chunk.model_dump(mode="json")
+    if usage is not None:
+        data["usage"] = usage.model_dump(mode="json")
     if data.get("usage") is None:
         data.pop("usage", None)
     for choice in data.get("choices", []):
@@ -445,18 +586,29 @@ async def _wait_for_disconnect(http: HTTPRequest) -> None:
 
 class _SSEResponse(StreamingResponse):
     """Server-sent events that run ``on_close`` however the response ends, even if the
-    client leaves before the first chunk (when the body iterator never starts)."""
+    client leaves before the first chunk (when the body iterator never starts), and
+    ``on_cancel`` first when the server cancels it. (A client's disconnect ends the
+    response normally: Starlette stops streaming when it sees one.)"""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        on_close: Callable[[], None],
+        on_cancel: Callable[[], None],
+    ) -> None:
         super().__init__(
             content,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
         self._on_close = on_close
+        self._on_cancel = on_cancel
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            self._on_cancel()
+            raise
         finally:
             self._on_close()

@@ -35,6 +35,8 @@ from orchestrator.core import (
     SchedulerOutput,
     StepCost,
     create_executor,
+    features_of,
+    fit_prior,
     load_engine_config,
 )
 
@@ -254,6 +256,7 @@ def calibrate(
     for name, shape in SHAPES.items():
         measured[name] = time_step(executor, shape_plan(shape, block_size), repeats)
         print(f"  {name:<24} {measured[name] * 1e3:8.1f} ms", flush=True)
+    write_predictor_prior(output_dir, block_size, measured)
     units = unit_costs(load_model_spec(spec_name), dtype, list(SHAPES.values()), block_size)
     bw_peak, fl_peak = peak_bandwidth(), peak_flops(torch_dtype)
     result = fit(
@@ -295,6 +298,25 @@ def main(config_path: str | None, output_dir: Path, repeats: int) -> int:
         executor.shutdown()
     print(f"wrote {paths[0]} and {paths[1]}")
     return 0
+
+
+def write_predictor_prior(output_dir: Path, block_size: int, measured: dict[str, float]) -> Path:
+    """Fit the engine's linear step-time model to the measured shapes (seconds) and write
+    it as a ``scheduler.predictor.prior`` section, so that a served engine's online fit
+    starts from this machine's figures instead of the defaults."""
+    prior = fit_prior(
+        (features_of(shape_plan(SHAPES[name], block_size)), seconds)
+        for name, seconds in measured.items()
+    )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / "predictor-prior.yaml"
+    path.write_text(
+        "# Written by `orchestrator calibrate`: the step-time predictor's prior for this\n"
+        "# machine; copy it into a serve config's scheduler section.\n"
+        + yaml.safe_dump({"predictor": {"prior": prior.model_dump()}}, sort_keys=False)
+    )
+    print(f"step-time predictor prior: {prior.model_dump()} (wrote {path})")
+    return path
 
 
 def write_profiles(

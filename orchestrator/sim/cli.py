@@ -85,6 +85,18 @@ def register(subparsers: Any) -> None:
     tune.add_argument("--chunk-sizes", type=_positive_int, nargs="+")
     tune.add_argument("--max-num-tokens", type=_positive_int, nargs="+")
     tune.add_argument("--max-batch-sizes", type=_positive_int, nargs="+")
+    tune.add_argument(
+        "--ttft-margins",
+        type=float,
+        nargs="+",
+        help="SLO admission margins to try (admission.ttft_margin; needs admission: slo)",
+    )
+    tune.add_argument(
+        "--slo-budget",
+        choices=("on", "off"),
+        nargs="+",
+        help="try the SLO-derived token budget on and/or off (slo_budget.enabled)",
+    )
     tune.add_argument("--output", default="tuned-engine.yaml", help="where to write the best")
     tune.set_defaults(func=_tune)
 

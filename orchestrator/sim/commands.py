@@ -78,6 +78,8 @@ def tune(args: argparse.Namespace) -> int:
         args.chunk_sizes or DEFAULT_CHUNK_SIZES,
         args.max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
         args.max_batch_sizes or DEFAULT_MAX_BATCH_SIZES,
+        args.ttft_margins or (None,),
+        [s == "on" for s in args.slo_budget] if args.slo_budget else (None,),
     )
     if not grid:
         raise ValueError("no setting in the grid has chunk size and batch cap <= max_num_tokens")
@@ -110,22 +112,43 @@ def tune(args: argparse.Namespace) -> int:
     )
     path.write_text(header + yaml.safe_dump(engine_yaml(engine), sort_keys=False))
     k = best.knobs
+    slo_knobs = "".join(
+        f" {name}={value}"
+        for name, value in (("ttft_margin", k.ttft_margin), ("slo_budget", k.slo_budget))
+        if value is not None
+    )
     out.print(
         f"best: chunk_size={k.chunk_size} max_num_tokens={k.max_num_tokens} "
-        f"max_batch_size={k.max_batch_size}; goodput {best.goodput:.2f} req/s; wrote {path}"
+        f"max_batch_size={k.max_batch_size}{slo_knobs}; goodput {best.goodput:.2f} req/s; "
+        f"wrote {path}"
     )
     return 0
 
 
 def _trials_table(trials: list[Trial]) -> Table:
     table = Table(title="Best settings (goodput = rate x share within SLO)")
-    for col in ("chunk", "max tokens", "max batch", "rate req/s", "in SLO", "goodput"):
+    for col in (
+        "chunk",
+        "max tokens",
+        "max batch",
+        "TTFT margin",
+        "SLO budget",
+        "rate req/s",
+        "in SLO",
+        "goodput",
+    ):
         table.add_column(col, justify="right")
     table.add_column("TTFT p90 ms", justify="right")
     table.add_column("TPOT p90 ms", justify="right")
     for t in trials:
         k = t.knobs
-        knobs = (str(k.chunk_size), str(k.max_num_tokens), str(k.max_batch_size))
+        knobs = (
+            str(k.chunk_size),
+            str(k.max_num_tokens),
+            str(k.max_batch_size),
+            "-" if k.ttft_margin is None else f"{k.ttft_margin:g}",
+            "-" if k.slo_budget is None else ("on" if k.slo_budget else "off"),
+        )
         if t.result is None or t.rate is None:
             table.add_row(*knobs, "< best", *["-"] * 4)
             continue

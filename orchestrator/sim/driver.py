@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.common.deployment import Deployment
 from orchestrator.common.metrics import RequestRecord
 from orchestrator.common.workloads import RequestSpec, Workload
 from orchestrator.core import (
@@ -26,8 +27,11 @@ from orchestrator.core import (
     EngineConfig,
     EngineCore,
     EngineStep,
+    ModelStepTimePredictor,
     OverloadedError,
+    RequestOutput,
     SamplingParams,
+    StepTimePredictor,
     Submission,
     VirtualClock,
 )
@@ -101,6 +105,7 @@ class _Live:
     spec: RequestSpec
     arrival_time: float
     token_times: list[float] = field(default_factory=list)
+    predicted_ttft: float | None = None
 
 
 @dataclass(frozen=True)
@@ -122,9 +127,21 @@ class SimRun:
         return sum(r.core.stats().num_preemptions for r in self.replicas)
 
 
+def step_time_predictor(config: EngineConfig) -> StepTimePredictor | None:
+    """The exact predictor of a simulated deployment (its roofline cost model is the step
+    time), or ``None`` for any other executor (the engine then fits one online)."""
+    options = config.executor.options
+    if not isinstance(options, Deployment):
+        return None
+    return ModelStepTimePredictor(options.cost_model().predict_s)
+
+
 def build_replicas(config: EngineConfig, count: int, clock: VirtualClock) -> list[Replica]:
     """``count`` independent engines of ``config`` sharing one virtual clock."""
-    return [Replica(EngineCore.from_config(config, clock=clock)) for _ in range(count)]
+    return [
+        Replica(EngineCore.from_config(config, clock=clock, predictor=step_time_predictor(config)))
+        for _ in range(count)
+    ]
 
 
 class Simulation:
@@ -187,20 +204,32 @@ class Simulation:
             request_id=f"req-{spec.index}",
             prompt_token_ids=prompt,
             sampling=SamplingParams(max_tokens=spec.output_len, temperature=0.0),
+            priority=spec.priority,
             arrival_time=now,
+            slo_class=spec.slo_class,
+            tenant=spec.tenant,
         )
         try:
-            replica.core.add_request(request)
+            predicted = replica.core.add_request(request)
         except (AdmissionError, OverloadedError) as err:
-            code = 400 if isinstance(err, AdmissionError) else 429
+            status = 400 if isinstance(err, AdmissionError) else 429
             self._records.append(
                 RequestRecord(
-                    request.request_id, now, (), spec.prompt_len, 0, str(err), status_code=code
+                    request.request_id,
+                    now,
+                    (),
+                    spec.prompt_len,
+                    0,
+                    str(err),
+                    status_code=status,
+                    error_code=err.code if isinstance(err, OverloadedError) else None,
+                    slo_class=spec.slo_class,
+                    tenant=spec.tenant,
                 )
             )
             self._next_closed_loop_request()
             return
-        self._live[request.request_id] = _Live(spec, now)
+        self._live[request.request_id] = _Live(spec, now, predicted_ttft=predicted)
         replica.outstanding_tokens += spec.prompt_len + spec.output_len
         if not replica.busy:
             # Start once every arrival of this instant is queued, so they share a step.
@@ -219,6 +248,8 @@ class Simulation:
             return
         step = core.step()
         if not step.plan.scheduled:
+            # Requests ended without running (shed past their deadline) still report.
+            replica.outstanding_tokens -= self._record_outputs(step.outputs, step.start_time)
             return
         replica.busy = True
         end = step.start_time + step.duration_s
@@ -238,10 +269,16 @@ class Simulation:
     def _complete(self, payload: tuple[Replica, EngineStep]) -> None:
         replica, step = payload
         replica.busy = False
-        t = step.start_time + step.duration_s
+        replica.outstanding_tokens -= self._record_outputs(
+            step.outputs, step.start_time + step.duration_s
+        )
+        self._step(replica)
+
+    def _record_outputs(self, outputs: list[RequestOutput], t: float) -> int:
+        """Record a step's outputs, stamped ``t``; returns the outstanding tokens retired."""
         live = self._live
-        done = 0  # outstanding tokens this step retired
-        for out in step.outputs:
+        done = 0
+        for out in outputs:
             entry = live[out.request_id]
             times = entry.token_times
             if not times:
@@ -255,6 +292,7 @@ class Simulation:
             if out.finished:
                 done += entry.spec.output_len - out.num_output_tokens
                 del live[out.request_id]
+                spec = entry.spec
                 self._records.append(
                     RequestRecord(
                         out.request_id,
@@ -262,11 +300,15 @@ class Simulation:
                         tuple(times),
                         out.num_prompt_tokens,
                         out.num_output_tokens,
+                        error=out.error,
+                        error_code=out.error_code,
+                        slo_class=spec.slo_class,
+                        tenant=spec.tenant,
+                        predicted_ttft=entry.predicted_ttft,
                     )
                 )
                 self._next_closed_loop_request()
-        replica.outstanding_tokens -= done
-        self._step(replica)
+        return done
 
     def _next_closed_loop_request(self) -> None:
         """In a closed loop, the client whose request just ended sends its next one."""

@@ -10,7 +10,14 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.common.deployment import Deployment
-from orchestrator.common.metrics import PERCENTILES, SLO, Summary, summarize
+from orchestrator.common.metrics import (
+    PERCENTILES,
+    SLO,
+    ClassSummary,
+    Summary,
+    summarize,
+    summarize_by_class,
+)
 from orchestrator.common.workloads import Workload
 from orchestrator.core import EngineConfig
 from orchestrator.sim.driver import SimRun
@@ -30,7 +37,11 @@ class SimReport:
     replicas decoding full batches of this workload, and ``utilisation`` the achieved
     output throughput over it (``None`` unless the engine is a simulated deployment).
     ``time_by_cause`` splits busy step time into weights, kv, compute, comms and
-    overhead (fractions; empty without a cost model).
+    overhead (fractions; empty without a cost model). ``by_class`` has one entry per SLO
+    class in the workload (attainment against the class's own targets, refusals by reason,
+    TTFT prediction error); requests of a class are judged by its targets in ``summary``
+    too. ``step_time_error`` is the median relative error of the engine's step-time
+    predictor (0 for the simulated deployment, whose predictor is its cost model).
     """
 
     summary: Summary
@@ -48,6 +59,8 @@ class SimReport:
     utilisation: float | None
     time_by_cause: dict[str, float]
     wall_time_s: float
+    by_class: dict[str, ClassSummary]
+    step_time_error: float | None
 
 
 def build_report(run: SimRun, engine: EngineConfig, workload: Workload, slo: SLO) -> SimReport:
@@ -55,7 +68,13 @@ def build_report(run: SimRun, engine: EngineConfig, workload: Workload, slo: SLO
     # Replicas are identical (one engine config), so the first speaks for all.
     first = run.replicas[0].core
     num_gpus = replicas * first.info.num_gpus
-    summary = summarize(run.records, run.end_time, slo, num_gpus)
+    class_slos = class_slos_of(engine)
+    summary = summarize(run.records, run.end_time, slo, num_gpus, class_slos)
+    by_class = (
+        summarize_by_class(run.records, class_slos, slo)
+        if any(r.slo_class is not None for r in run.records)
+        else {}
+    )
 
     busy = seqs = kv_area = 0.0
     kv_peak = 0.0
@@ -88,7 +107,17 @@ def build_report(run: SimRun, engine: EngineConfig, workload: Workload, slo: SLO
             {c: v / total_cause for c, v in zip(CAUSES, causes, strict=True)} if total_cause else {}
         ),
         wall_time_s=run.wall_time_s,
+        by_class=by_class,
+        step_time_error=first.stats().step_time_error,
     )
+
+
+def class_slos_of(engine: EngineConfig) -> dict[str, SLO]:
+    """The engine's SLO classes as metric SLOs (seconds)."""
+    return {
+        name: SLO(c.ttft_s, c.tpot_s, None if c.e2e_ms is None else c.e2e_ms / 1e3)
+        for name, c in engine.scheduler.slo_classes.items()
+    }
 
 
 def throughput_ceiling(engine: EngineConfig, workload: Workload, replicas: int) -> float | None:
@@ -180,7 +209,32 @@ def totals_table(report: SimReport) -> Table:
     return table
 
 
+def class_table(report: SimReport) -> Table:
+    table = Table(title="SLO classes")
+    for col in ("class", "TTFT / TPOT (ms)", "requests", "met SLO", "attainment"):
+        table.add_column(col, justify="left" if col == "class" else "right")
+    table.add_column("refused or ended (by reason)")
+    table.add_column("TTFT prediction error", justify="right")
+    for c in report.by_class.values():
+        targets = " / ".join(
+            "-" if v is None else f"{v * 1e3:g}" for v in (c.slo.ttft_s, c.slo.tpot_s)
+        )
+        reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(c.rejections.items())) or "-"
+        table.add_row(
+            c.name,
+            targets,
+            f"{c.num_requests:,}",
+            f"{c.num_met:,}",
+            _pct(c.attainment),
+            reasons,
+            _pct(c.ttft_prediction_error),
+        )
+    return table
+
+
 def print_report(report: SimReport, console: Console | None = None) -> None:
     console = console or Console()
     console.print(latency_table(report.summary))
     console.print(totals_table(report))
+    if report.by_class:
+        console.print(class_table(report))

@@ -1,5 +1,6 @@
-"""Scheduler tuning: the chunk size, token budget and batch cap (and, unless fixed, the
-arrival rate) with the highest goodput under an SLO."""
+"""Scheduler tuning: the chunk size, token budget and batch cap, optionally the SLO
+admission margin and the SLO-derived budget (and, unless fixed, the arrival rate), with
+the highest goodput under an SLO."""
 
 from __future__ import annotations
 
@@ -27,19 +28,30 @@ DEFAULT_MAX_BATCH_SIZES = (64, 128, 256)
 
 @dataclass(frozen=True, slots=True)
 class Knobs:
+    """One setting. ``ttft_margin`` (``admission.ttft_margin``) and ``slo_budget``
+    (``slo_budget.enabled``) are ``None`` where the config's own value stays."""
+
     chunk_size: int
     max_num_tokens: int
     max_batch_size: int
+    ttft_margin: float | None = None
+    slo_budget: bool | None = None
 
 
 def knob_grid(
-    chunk_sizes: Sequence[int], max_num_tokens: Sequence[int], max_batch_sizes: Sequence[int]
+    chunk_sizes: Sequence[int],
+    max_num_tokens: Sequence[int],
+    max_batch_sizes: Sequence[int],
+    ttft_margins: Sequence[float | None] = (None,),
+    slo_budgets: Sequence[bool | None] = (None,),
 ) -> list[Knobs]:
     """Every combination the scheduler accepts (a chunk no larger than the budget, the
     batch cap no larger than the budget)."""
     return [
-        Knobs(c, t, b)
-        for c, t, b in itertools.product(chunk_sizes, max_num_tokens, max_batch_sizes)
+        Knobs(c, t, b, m, s)
+        for c, t, b, m, s in itertools.product(
+            chunk_sizes, max_num_tokens, max_batch_sizes, ttft_margins, slo_budgets
+        )
         if c <= t and b <= t
     ]
 
@@ -51,6 +63,10 @@ def with_knobs(config: SimConfig, knobs: Knobs) -> SimConfig:
         max_num_tokens=knobs.max_num_tokens,
         max_batch_size=knobs.max_batch_size,
     )
+    if knobs.ttft_margin is not None:
+        data["admission"]["ttft_margin"] = knobs.ttft_margin
+    if knobs.slo_budget is not None:
+        data["slo_budget"]["enabled"] = knobs.slo_budget
     scheduler = SchedulerConfig.model_validate(data)
     engine = config.engine.model_copy(update={"scheduler": scheduler})
     return config.model_copy(update={"engine": engine})

@@ -16,6 +16,16 @@ import torch
 from orchestrator.core import SamplingParams, TokenLogprobs
 
 _MASK64 = (1 << 64) - 1
+# Temperatures below this sample greedily: logits divided by a smaller one can overflow
+# float32 to inf (and inf - inf is NaN in the softmax), while the distribution they
+# describe is already one-hot to float32 precision.
+MIN_TEMPERATURE = 1e-5
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    """Whether ``params`` pick the argmax: temperature 0, or below ``MIN_TEMPERATURE``."""
+    return params.temperature < MIN_TEMPERATURE
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +67,7 @@ class Sampler:
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sample rows")
         chosen = logits.argmax(dim=-1)  # [rows]; greedy rows keep this
-        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        random_rows = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
         if random_rows:
             idx = torch.tensor(random_rows)
             probs = filtered_probs(logits[idx], [rows[i].params for i in random_rows])
@@ -74,6 +84,9 @@ class Sampler:
         else:
             gen = torch.Generator().manual_seed(mix_seed(row.params.seed, row.position))
         noise = torch.empty_like(probs).exponential_(generator=gen)
+        # A zero draw would make p / 0 inf, or NaN for a filtered-out p = 0, which argmax
+        # prefers: keep every ratio finite so only a token of nonzero probability wins.
+        noise.clamp_(min=_TINY)
         return int((probs / noise).argmax())
 
     @staticmethod
@@ -86,7 +99,8 @@ class Sampler:
             return result
         logp = torch.log_softmax(logits[torch.tensor(wanted)], dim=-1)  # [wanted, vocab]
         for j, i in enumerate(wanted):
-            n_top = rows[i].params.logprobs or 0
+            # Never more alternatives than the vocabulary has.
+            n_top = min(rows[i].params.logprobs or 0, logits.shape[-1])
             top: list[tuple[int, float]] = []
             if n_top:
                 values, ids = logp[j].topk(n_top)
@@ -97,8 +111,10 @@ class Sampler:
 
 def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, then top-p, row by row: float32 ``[rows, vocab]`` logits
-    to probabilities with filtered-out tokens at exactly 0."""
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32)
+    to probabilities with filtered-out tokens at exactly 0. Every row keeps at least its
+    likeliest token and is finite for finite logits, whatever the parameters
+    (temperatures are floored at ``MIN_TEMPERATURE``)."""
+    temps = torch.tensor([max(p.temperature, MIN_TEMPERATURE) for p in params], dtype=torch.float32)
     scaled = logits / temps[:, None]
     vocab = logits.shape[-1]
     top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
@@ -116,6 +132,8 @@ def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> to
         # past 1.0 and would otherwise cut their tail).
         before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = (before >= top_p[:, None]) & (top_p[:, None] < 1)
+        # A top_p that rounds to 0 in float32 would otherwise drop the first token too.
+        drop_sorted[:, 0] = False
         drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
         scaled = scaled.masked_fill(drop, -torch.inf)
     return torch.softmax(scaled, dim=-1)

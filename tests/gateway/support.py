@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
+from fastapi.testclient import TestClient
 
 from orchestrator.core.clock import WallClock
 from orchestrator.core.config import EngineConfig
@@ -107,6 +108,25 @@ def fake_loader(core: EngineCore) -> Loader:
 
 def fake_app(core: EngineCore, environ: dict[str, str] | None = None, **server: Any) -> Any:
     return create_app(fake_config(**server), fake_loader(core), environ or {})
+
+
+def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
+    """Poll ``condition()`` every 10 ms until true; fail after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def client_for(core: EngineCore, **server: Any) -> Iterator[TestClient]:
+    """The app over ``core`` in process (TestClient runs its lifespan), once ready.
+    ``server`` overrides ``server`` settings; ``environ`` is the environment it reads."""
+    environ = server.pop("environ", None)
+    with TestClient(fake_app(core, environ, **server)) as client:
+        wait_until(lambda: client.get("/ready").status_code == 200)
+        yield client
 
 
 def free_port() -> int:

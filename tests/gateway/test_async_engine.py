@@ -14,8 +14,12 @@ import pytest
 from orchestrator.core.engine import EngineCore, EngineStep
 from orchestrator.core.errors import AdmissionError, EngineDeadError, OverloadedError
 from orchestrator.core.output import SchedulerOutput, StepResult
-from orchestrator.core.request import FinishReason
-from orchestrator.gateway.async_engine import AsyncEngine, RequestFailedError
+from orchestrator.core.request import FinishReason, Submission
+from orchestrator.gateway.async_engine import (
+    AsyncEngine,
+    RequestFailedError,
+    SubmissionFailedError,
+)
 from tests.factories import make_request
 from tests.fakes import fake_token
 from tests.gateway.support import fake_core
@@ -196,7 +200,9 @@ async def test_a_failed_request_does_not_disturb_the_others() -> None:
     assert results[1] == [fake_token("bystander", 7 + k) for k in range(10)]
 
 
-async def test_a_crashing_step_fails_every_live_request_and_later_submissions() -> None:
+async def test_a_crashing_step_fails_every_live_request_and_later_submissions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     core, executor = fake_core()
     execute = executor.execute
 
@@ -211,7 +217,9 @@ async def test_a_crashing_step_fails_every_live_request_and_later_submissions() 
         collect(engine, "a", 10), collect(engine, "b", 10), return_exceptions=True
     )
     assert all(isinstance(r, EngineDeadError) for r in results)
-    assert "device lost" in str(results[0])
+    # The cause goes to the log; the error that reaches clients does not carry it.
+    assert "device lost" not in str(results[0])
+    assert "device lost" in caplog.text
     await asyncio.wait_for(engine.crashed.wait(), 5)
     assert not engine.is_running
     with pytest.raises(EngineDeadError):
@@ -244,3 +252,56 @@ async def test_shutdown_fails_live_requests_and_shuts_the_executor_down() -> Non
     with pytest.raises(EngineDeadError):
         await task
     assert executor.shut_down
+
+
+async def test_a_submission_that_raises_rejects_only_that_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    core, _ = fake_core(step_time_s=0.01)
+    add = core.add_request
+
+    def add_or_break(submission: Submission) -> None:
+        if submission.request_id == "bad":
+            add(submission)  # half applied: the scheduler holds it, then something raises
+            raise KeyError("internal bookkeeping")
+        add(submission)
+
+    core.add_request = add_or_break  # type: ignore[method-assign]
+    engine = await started(core)
+    try:
+        running = asyncio.create_task(collect(engine, "good", 30))
+        await until(lambda: engine.stats().num_running == 1)
+        with pytest.raises(SubmissionFailedError) as refused:
+            await engine.submit(make_request(8, 5, request_id="bad"))
+        assert "bookkeeping" not in str(refused.value)
+        assert await running == [fake_token("good", 7 + k) for k in range(30)]
+        assert engine.is_running
+        assert await collect(engine, "after", 3) == [fake_token("after", 7 + k) for k in range(3)]
+        await until(lambda: engine.stats().kv_blocks_used == 0)
+        assert engine.stats().num_waiting == 0  # the half-applied one was dropped
+    finally:
+        await engine.shutdown()
+    assert "internal bookkeeping" in caplog.text
+
+
+async def test_an_abort_that_raises_is_logged_and_the_engine_runs_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    core, _ = fake_core(step_time_s=0.01)
+    abort = core.abort
+
+    def abort_or_break(request_id: str) -> bool:
+        if request_id == "cursed":
+            raise ValueError("abort bookkeeping")
+        return abort(request_id)
+
+    core.abort = abort_or_break  # type: ignore[method-assign]
+    engine = await started(core)
+    try:
+        stream = await engine.submit(make_request(8, 5, request_id="cursed"))
+        stream.close()
+        assert await collect(engine, "next", 5) == [fake_token("next", 7 + k) for k in range(5)]
+        assert engine.is_running
+    finally:
+        await engine.shutdown()
+    assert "aborting request cursed failed" in caplog.text

@@ -96,6 +96,11 @@ def test_sigterm_drains_then_exits_zero(tmp_path: Path) -> None:
         for line in log.splitlines()
         if "orchestrator.gateway.requests" in line
     ]
-    assert sorted(r["finish_reason"] for r in request_lines) == ["error", "length"]
-    assert all(r["ttft_s"] is not None for r in request_lines)
+    # The two streams (one finished, one ended by the drain), and the refused request.
+    generation = [r for r in request_lines if "finish_reason" in r]
+    assert sorted(r["finish_reason"] for r in generation) == ["error", "length"]
+    assert sorted(r["status"] for r in generation) == [200, 503]
+    assert all(r["ttft_s"] is not None for r in generation)
+    refused_lines = [r for r in request_lines if "finish_reason" not in r]
+    assert [(r["status"], r["path"]) for r in refused_lines] == [(503, "/v1/completions")]
     assert "swordfish" not in log  # prompts are not logged by default

@@ -110,6 +110,32 @@ def test_completions_through_the_openai_client(client: openai.OpenAI, model: str
     assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
 
 
+def test_a_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI, model: str) -> None:
+    """The second identical prompt is served from the prefix cache, and ``usage`` says so
+    (whole responses and the final streamed usage chunk alike)."""
+    context = " ".join(f"Fact {i}: the number {i} is followed by {i + 1}." for i in range(12))
+    messages: Any = [{"role": "user", "content": f"{context} What follows 5?"}]
+    first = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    second = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+    assert first.usage is not None and second.usage is not None
+    assert first.usage.prompt_tokens > 64  # several 16-token blocks
+    details = second.usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens is not None
+    assert 0 < details.cached_tokens < second.usage.prompt_tokens
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    final = chunks[-1].usage
+    assert final is not None and final.prompt_tokens_details is not None
+    assert final.prompt_tokens_details.cached_tokens == details.cached_tokens
+
+
 def test_sampling_with_a_seed_is_reproducible(client: openai.OpenAI, model: str) -> None:
     def sample() -> list[str]:
         r = client.completions.create(

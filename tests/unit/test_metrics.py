@@ -58,3 +58,27 @@ def test_goodput_counts_completed_requests_meeting_every_bound() -> None:
     assert s.output_throughput_per_gpu == pytest.approx(1.75)
     assert s.errors_by_status == {"500": 1}
     assert s.ttft.p[50] == pytest.approx(0.1)
+
+
+def test_per_class_summaries_judge_each_class_by_its_own_slo() -> None:
+    from orchestrator.common.metrics import SLO, RequestRecord, summarize, summarize_by_class
+
+    tight, loose = SLO(ttft_s=0.1), SLO(ttft_s=1.0, e2e_s=2.0)
+    records = [
+        RequestRecord("a", 0.0, (0.05, 0.1), 4, 2, slo_class="tight", predicted_ttft=0.04),
+        RequestRecord("b", 0.0, (0.5, 0.6), 4, 2, slo_class="tight", predicted_ttft=0.25),
+        RequestRecord("c", 0.0, (0.5, 0.6), 4, 2, slo_class="loose"),
+        RequestRecord("d", 0.0, (0.5, 3.0), 4, 2, slo_class="loose"),  # misses e2e
+        RequestRecord(
+            "e", 0.0, (), 4, 0, "refused", 429, error_code="ttft_unattainable", slo_class="loose"
+        ),
+    ]
+    by_class = summarize_by_class(records, {"tight": tight, "loose": loose}, SLO())
+    assert (by_class["tight"].num_met, by_class["tight"].num_requests) == (1, 2)
+    assert (by_class["loose"].num_met, by_class["loose"].num_requests) == (1, 3)
+    assert by_class["loose"].rejections == {"ttft_unattainable": 1}
+    # |0.04 - 0.05| / 0.05 = 0.2 and |0.25 - 0.5| / 0.5 = 0.5: median 0.35.
+    assert by_class["tight"].ttft_prediction_error == pytest.approx(0.35)
+    assert by_class["loose"].ttft_prediction_error is None
+    summary = summarize(records, 10.0, SLO(), class_slos={"tight": tight, "loose": loose})
+    assert summary.goodput_fraction == pytest.approx(2 / 5)

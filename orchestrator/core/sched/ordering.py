@@ -2,7 +2,8 @@
 request yields first. Chosen by ``scheduler.policy`` in config (a key of
 ``ORDERING_POLICIES``); a new policy is a new class here, not a branch in the scheduler.
 
-A policy is a pair of sort keys. Keys are compared as tuples, smaller first, and must not
+A policy is a pair of sort keys (tenant fair share, which is not a static key, is a
+waiting queue of its own: ``fair.py``). Keys are compared as tuples, smaller first, and must not
 change while a request waits (a heap holds them).
 """
 
@@ -72,9 +73,39 @@ class PriorityOrdering:
         return (request.priority, request.arrival_time)
 
 
+class SloOrdering:
+    """Earliest TTFT deadline first, within priority strata, with aging.
+
+    A request's deadline ``d`` is its arrival plus its SLO class's TTFT target (its
+    arrival when it has no class), fixed at submission. The admission key is ``(priority
+    + aging_rate * d, d)``: among equal priorities it is earliest deadline first, and a
+    better priority is worth ``1 / aging_rate`` seconds of deadline per level, so the
+    key never changes while requests wait and a heap keeps it. Starvation bound: a
+    request of priority ``p`` with deadline ``d0`` is ahead of any request of priority
+    ``q <= p`` whose deadline is after ``d0 + (p - q) / aging_rate``; since a deadline is
+    at least its request's arrival, a request is overtaken by at most the requests that
+    arrive before ``d0 + (p - q) / aging_rate`` (with ``aging_rate`` 0, strata are
+    strict and a worse stratum waits while a better one has work). Among running
+    requests the worst priority, then the latest deadline, yields first.
+    """
+
+    preempts_for_priority = True
+
+    def __init__(self, aging_rate: float) -> None:
+        self.aging_rate = aging_rate
+
+    def admission_key(self, request: Request) -> SortKey:
+        deadline = request.ttft_deadline
+        return (request.priority + self.aging_rate * deadline, deadline)
+
+    def running_key(self, request: Request) -> SortKey:
+        return (request.priority, request.ttft_deadline)
+
+
 ORDERING_POLICIES: dict[str, Callable[[SchedulerConfig], OrderingPolicy]] = {
     "fcfs": lambda config: FcfsOrdering(),
     "priority": lambda config: PriorityOrdering(config.aging_rate),
+    "slo": lambda config: SloOrdering(config.aging_rate),
 }
 
 

@@ -15,11 +15,22 @@ into a step and an ordering policy (``ordering.py``) ranks requests. The mechani
   the budget and the KV pool (with its headroom) allow. Admission stops at the first
   request that does not fit, so the policy order holds. Requests preempted in a step
   are not readmitted in the same step.
+
+SLO features plug in beside them, each off by default: an admission policy
+(``admission.py``) decides at submission; SLO classes give each request a TTFT deadline
+and TPOT target; the SLO-derived budget (``step_budget``) shrinks a step's prefill so the
+predicted step time stays under the tightest running TPOT target; shedding ends waiting
+requests whose TTFT deadline has long passed; tenant fair share swaps the waiting queue
+for ``fair.FairShareQueue``.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
+import math
+from collections import deque
 
 from orchestrator.core.config import SchedulerConfig
 from orchestrator.core.errors import AdmissionError, OverloadedError
@@ -30,8 +41,16 @@ from orchestrator.core.output import (
     SchedulerOutput,
     StepResult,
 )
+from orchestrator.core.predictor import (
+    ErrorWindow,
+    LinearStepTimePredictor,
+    StepTimePredictor,
+    mixed_step,
+)
 from orchestrator.core.request import FINISH_REASONS, Request, RequestStatus
+from orchestrator.core.sched.admission import ADMISSION_POLICIES
 from orchestrator.core.sched.batching import BATCHING_STRATEGIES
+from orchestrator.core.sched.fair import FairShareQueue
 from orchestrator.core.sched.ordering import make_ordering
 from orchestrator.core.sched.step import StepState
 from orchestrator.core.sched.waiting import WaitingQueue
@@ -43,15 +62,54 @@ class Scheduler:
     ``schedule(now)`` returns the step's plan; ``update(plan, result, now)`` applies what
     the executor did and returns one ``RequestOutput`` per request that produced a token
     or finished. Times are seconds on the engine's clock.
+
+    ``predictor`` predicts step times for admission and the SLO budget (default: the
+    online linear fit of ``config.predictor``; the engine feeds it measured steps).
+    ``tenant_classes`` maps a tenant to the SLO class of its requests that name none
+    (``ServerConfig.tenant_slo_classes``); ``default_slo_class`` comes after it.
     """
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        max_model_len: int,
+        predictor: StepTimePredictor | None = None,
+        tenant_classes: dict[str, str] | None = None,
+    ) -> None:
         self.config = config
+        self.tenant_classes = tenant_classes or {}
         self.kv = kv
         self.max_model_len = max_model_len
         self.strategy = BATCHING_STRATEGIES[config.batching]()
         self.ordering = make_ordering(config)
-        self.waiting = WaitingQueue(self.ordering)
+        self.predictor: StepTimePredictor = (
+            predictor if predictor is not None else LinearStepTimePredictor(config.predictor)
+        )
+        self.admission = ADMISSION_POLICIES[config.admission.type](config)
+        fair = config.fair_share
+        self.fair: FairShareQueue | None = (
+            FairShareQueue(self.ordering, dict(fair.tenant_weights)) if fair.enabled else None
+        )
+        self.waiting: WaitingQueue | FairShareQueue = (
+            self.fair if self.fair is not None else WaitingQueue(self.ordering)
+        )
+        # Requests by id while fair share charges their output tokens.
+        self._fair_requests: dict[str, Request] = {}
+        self._slo_budget = config.slo_budget.enabled
+        # Shedding: (TTFT deadline + slack, seq, request) of waiting requests with a class.
+        self._shed_slack = config.admission.shed_after_deadline_s
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self._deadline_seq = itertools.count()
+        # Outputs made outside a step (requests shed while waiting), sent with the next.
+        self._pending_outputs: list[RequestOutput] = []
+        # Predicted-vs-actual TTFT, overall and per SLO class; refusals by (class, code).
+        self.ttft_errors = ErrorWindow()
+        self.ttft_errors_by_class: dict[str, ErrorWindow] = {}
+        self.rejections: dict[tuple[str | None, str], int] = {}
+        self.num_shed = 0
+        # (arrival s, prompt tokens) of the last admitted requests: the admitted-token rate.
+        self._recent_admits: deque[tuple[float, int]] = deque(maxlen=64)
         self.running: list[Request] = []  # best first by ordering.running_key
         self.requests: dict[str, Request] = {}  # every waiting or running request
         self.num_preemptions = 0
@@ -62,24 +120,63 @@ class Scheduler:
 
     # ------------------------------------------------------------------ submission
 
-    def add_request(self, request: Request) -> None:
+    def add_request(self, request: Request, now: float | None = None) -> None:
         """Queue a request, or raise with nothing queued: ``AdmissionError`` when it can
-        never be served, ``OverloadedError`` when the waiting queue is at its limits."""
+        never be served (or names an unknown SLO class), ``OverloadedError`` when the
+        admission policy refuses it now. Its class: its own, else its tenant's default,
+        else ``default_slo_class``. ``now`` (seconds) is the submission time
+        (default: the request's arrival)."""
         self.check_admissible(request)
-        cfg = self.config
-        if len(self.waiting) >= cfg.max_waiting_requests:
-            raise OverloadedError(
-                f"server busy: {len(self.waiting)} requests already waiting "
-                f"(max_waiting_requests={cfg.max_waiting_requests})"
+        name = request.slo_class
+        if name is None and request.tenant is not None:
+            name = self.tenant_classes.get(request.tenant)
+        if name is None:
+            name = self.config.default_slo_class
+        if name is not None and name not in self.config.slo_classes:
+            known = ", ".join(self.config.slo_classes) or "none configured"
+            raise AdmissionError(
+                f"slo_class: unknown SLO class {name!r}; known: {known}", param="slo_class"
             )
-        if self.waiting.num_tokens + request.num_prompt_tokens > cfg.max_waiting_tokens:
-            raise OverloadedError(
-                f"server busy: {self.waiting.num_tokens} prompt tokens already waiting "
-                f"(max_waiting_tokens={cfg.max_waiting_tokens})"
-            )
+        self.assign_class(request, name)
+        try:
+            self.admission.admit(self, request, request.arrival_time if now is None else now)
+        except OverloadedError as err:
+            key = (request.slo_class, err.code)
+            self.rejections[key] = self.rejections.get(key, 0) + 1
+            raise
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.push(request)
+        self._recent_admits.append((request.arrival_time, request.num_prompt_tokens))
+        if self.fair is not None:
+            self._fair_requests[request.request_id] = request
+        if self._shed_slack is not None and request.slo_class is not None:
+            heapq.heappush(
+                self._deadlines,
+                (request.ttft_deadline + self._shed_slack, next(self._deadline_seq), request),
+            )
+
+    def admitted_tokens_per_s(self) -> float:
+        """Prompt tokens per second of the last (up to 64) admitted requests, by arrival
+        time; 0 with fewer than two."""
+        recent = self._recent_admits
+        if len(recent) < 2:
+            return 0.0
+        span = recent[-1][0] - recent[0][0]
+        return sum(n for _, n in list(recent)[1:]) / span if span > 0 else 0.0
+
+    def assign_class(self, request: Request, name: str | None) -> None:
+        """Give ``request`` SLO class ``name`` (a configured class, or ``None``): its TTFT
+        deadline (arrival plus the class's target; the arrival without a class) and its
+        TPOT target (s). Only for a request that is not queued yet: the deadline is part
+        of its sort key."""
+        request.slo_class = name
+        if name is None:
+            request.ttft_deadline, request.tpot_target_s = request.arrival_time, None
+            return
+        target = self.config.slo_classes[name]
+        request.ttft_deadline = request.arrival_time + target.ttft_s
+        request.tpot_target_s = target.tpot_s
 
     def check_admissible(self, request: Request) -> None:
         """Raise ``AdmissionError`` if the request could never run to completion."""
@@ -114,6 +211,7 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
+        self._fair_requests.pop(request_id, None)
         self.kv.free(request)
         request.status = RequestStatus.FINISHED_ABORTED
         request.finish_time = now
@@ -129,13 +227,20 @@ class Scheduler:
         return len(self.running)
 
     def has_work(self) -> bool:
-        return bool(self.requests) or bool(self._freed_ids) or bool(self._preempted_ids)
+        return (
+            bool(self.requests)
+            or bool(self._freed_ids)
+            or bool(self._preempted_ids)
+            or bool(self._pending_outputs)
+        )
 
     # ------------------------------------------------------------------ scheduling
 
     def schedule(self, now: float) -> SchedulerOutput:
         """The plan for the next step; ``now`` is the step's start (seconds)."""
-        step = StepState(self.config.max_num_tokens)
+        if self._deadlines and self._deadlines[0][0] < now:
+            self._shed_late(now)
+        step = StepState(self.step_budget() if self._slo_budget else self.config.max_num_tokens)
         self.strategy.fill(self, step, now)
         plan = SchedulerOutput(
             scheduled=list(step.scheduled.values()),
@@ -144,6 +249,59 @@ class Scheduler:
         )
         self._preempted_ids, self._freed_ids = [], []
         return plan
+
+    def step_budget(self) -> int:
+        """This step's token budget (tokens): ``max_num_tokens``, or with the SLO budget
+        on, the running requests' decode tokens plus the largest prefill for which the
+        predicted step time stays within ``slo_budget.margin`` x the tightest TPOT
+        target among running requests (at least ``min_prefill_tokens``, at most
+        ``max_num_tokens`` in all). A binary search over the prefill size: about a dozen
+        predictions per step."""
+        cfg = self.config
+        if not self._slo_budget:
+            return cfg.max_num_tokens
+        targets = [r.tpot_target_s for r in self.running if r.tpot_target_s is not None]
+        if not targets:
+            return cfg.max_num_tokens
+        limit = min(targets) * cfg.slo_budget.margin
+        decodes = len(self.running)
+        context = sum(r.num_computed_tokens for r in self.running)
+        predict, chunk = self.predictor.predict, cfg.chunk_size
+        lo, hi = 0, cfg.max_num_tokens - decodes
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if predict(mixed_step(decodes, context, mid, math.ceil(mid / chunk))) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        prefill = max(lo, cfg.slo_budget.min_prefill_tokens)
+        return max(1, min(cfg.max_num_tokens, decodes + prefill))
+
+    def _shed_late(self, now: float) -> None:
+        """End the waiting requests without a token whose TTFT deadline passed more than
+        ``admission.shed_after_deadline_s`` ago: they cannot meet their SLO, and running
+        them would only delay requests that still can."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] < now:
+            _, _, request = heapq.heappop(deadlines)
+            live = self.requests.get(request.request_id) is request
+            if (
+                not live
+                or request.status == RequestStatus.RUNNING
+                or request.first_token_time is not None
+            ):
+                continue
+            self.waiting.remove(request)
+            self._fair_requests.pop(request.request_id, None)
+            late_ms = (now - request.ttft_deadline) * 1e3
+            target_ms = (request.ttft_deadline - request.arrival_time) * 1e3
+            error = (
+                f"ended before its first token: its TTFT deadline ({target_ms:,.0f} ms, SLO "
+                f"class {request.slo_class!r}) passed {late_ms:,.0f} ms ago"
+            )
+            self._finish(request, RequestStatus.FINISHED_ERROR, now)
+            self.num_shed += 1
+            self._pending_outputs.append(self._error_output(request, error, "ttft_deadline_passed"))
 
     def schedule_running(self, step: StepState, now: float) -> None:
         """Decode tokens for every running request first, then prefill chunks for the
@@ -258,6 +416,9 @@ class Scheduler:
             request.num_computed_tokens = len(prefix) * kv.block_size
             if request.first_scheduled_time is None:
                 request.num_cached_prompt_tokens = request.num_computed_tokens
+                if self.fair is not None:
+                    weight = cfg.fair_share.input_weight
+                    self.fair.charge(request, weight * request.num_prompt_tokens)
             self._start_running(request, now)
             self._add_to_plan(step, request, n)
             admitted = True
@@ -324,7 +485,9 @@ class Scheduler:
         """Apply a step's result: advance computed tokens, append sampled tokens, finish
         requests that hit a stop token or their length limit (freeing their blocks).
         ``now`` is when the step's tokens became available."""
-        outputs = []
+        outputs: list[RequestOutput] = []
+        if self._pending_outputs:
+            outputs, self._pending_outputs = self._pending_outputs, []
         finished = False
         sampled, all_logprobs, failed = result.sampled, result.logprobs, result.failed
         if result.kv_free_blocks is not None:
@@ -353,6 +516,8 @@ class Scheduler:
             output_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = now
+                if request.predicted_ttft_s is not None:
+                    self._observe_ttft(request, now)
             # The stop test inline: a method call per request per step is measurable here.
             n_prompt, n_out, sampling = (
                 len(request.prompt_token_ids),
@@ -385,10 +550,36 @@ class Scheduler:
             )
         if finished:
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+        if self.fair is not None:
+            self._charge_outputs(outputs)
         return outputs
+
+    def _charge_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Fair share: charge each output token to its tenant."""
+        fair, weight = self.fair, self.config.fair_share.output_weight
+        assert fair is not None
+        for out in outputs:
+            request = self._fair_requests.get(out.request_id)
+            if request is None:
+                continue
+            if out.new_token_ids:
+                fair.charge(request, weight * len(out.new_token_ids))
+            if out.finished:
+                del self._fair_requests[out.request_id]
+
+    def _observe_ttft(self, request: Request, now: float) -> None:
+        predicted, actual = request.predicted_ttft_s, now - request.arrival_time
+        assert predicted is not None
+        self.ttft_errors.observe(predicted, actual)
+        if request.slo_class is not None:
+            window = self.ttft_errors_by_class.setdefault(request.slo_class, ErrorWindow())
+            window.observe(predicted, actual)
 
     def _fail(self, request: Request, error: str, now: float) -> RequestOutput:
         self._finish(request, RequestStatus.FINISHED_ERROR, now)
+        return self._error_output(request, error)
+
+    def _error_output(self, request: Request, error: str, code: str | None = None) -> RequestOutput:
         return RequestOutput(
             request.request_id,
             (),
@@ -400,6 +591,7 @@ class Scheduler:
             error,
             request.first_scheduled_time,
             request.num_cached_prompt_tokens,
+            code,
         )
 
     def _finish(self, request: Request, status: RequestStatus, now: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 
 from orchestrator.core.request import Request
 from orchestrator.core.sched.ordering import OrderingPolicy, SortKey
@@ -58,6 +59,14 @@ class WaitingQueue:
     def _discard(self, r: Request) -> None:
         del self._members[r.request_id]
         self.num_tokens -= r.num_tokens
+
+    def ahead_of(self, key: SortKey) -> Iterator[Request]:
+        """The waiting requests whose admission key is smaller than ``key`` (O(n): only
+        admission-time predictions call it)."""
+        members = self._members
+        for k, seq, r in self._heap:
+            if k < key and members.get(r.request_id) == seq:
+                yield r
 
     def __len__(self) -> int:
         return len(self._members)

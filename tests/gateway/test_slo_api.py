@@ -1,0 +1,63 @@
+"""SLO classes at the API: the ``slo_class`` field and ``X-SLO-Class`` header, 400s that
+name the field, SLO admission's 429 with its reason code and computed Retry-After, and
+the prediction-error metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.factories import constant_step_time
+from tests.gateway.support import MODEL, client_for, fake_core
+
+CLASSES = {
+    "interactive": {"ttft_ms": 100, "tpot_ms": 1000},
+    "batch": {"ttft_ms": 60_000, "tpot_ms": 1000},
+}
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "w1 w2 w3", "max_tokens": 3, **extra}
+
+
+def slo_core(step_s: float):  # type: ignore[no-untyped-def]
+    core, _ = fake_core(
+        predictor=constant_step_time(step_s),
+        slo_classes=CLASSES,
+        default_slo_class="batch",
+        admission={"type": "slo"},
+    )
+    return core
+
+
+def test_an_unknown_class_is_a_400_naming_the_field() -> None:
+    with client_for(slo_core(0.001)) as client:
+        r = client.post("/v1/completions", json=body(slo_class="gold"))
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == "slo_class" and "unknown SLO class 'gold'" in error["message"]
+        r = client.post("/v1/completions", json=body(), headers={"X-SLO-Class": "gold"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "slo_class"
+        r = client.post("/v1/completions", json=body(), headers={"X-SLO-Class": "x" * 65})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "X-SLO-Class"
+
+
+def test_slo_admission_refuses_with_code_and_computed_retry_after() -> None:
+    # Every step is predicted at 5 s: an interactive request (100 ms) cannot make it.
+    with client_for(slo_core(5.0)) as client:
+        r = client.post("/v1/completions", json=body(slo_class="interactive"))
+        assert r.status_code == 429
+        assert r.json()["error"]["code"] == "ttft_unattainable"
+        # predicted 5 s (one step) - 0.1 s target = 4.9 s, in whole seconds.
+        assert r.headers["retry-after"] == "5"
+        # The header picks the class too; batch's 60 s target admits it.
+        ok = client.post("/v1/completions", json=body(), headers={"X-SLO-Class": "batch"})
+        assert ok.status_code == 200
+
+
+def test_prediction_errors_are_exported() -> None:
+    with client_for(slo_core(0.001)) as client:
+        assert client.post("/v1/completions", json=body()).status_code == 200
+        text = client.get("/metrics").text
+        assert "orchestrator_step_time_prediction_error " in text
+        assert "orchestrator_ttft_prediction_error " in text
+        assert "orchestrator_requests_shed_total 0.0" in text

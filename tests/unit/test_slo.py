@@ -1,0 +1,359 @@
+"""SLO-aware scheduling: classes in config, deadline ordering and its starvation bound,
+SLO admission (verdict, Retry-After arithmetic, downgrade), computed Retry-After for
+queue limits, shedding past the deadline, and the SLO-derived token budget."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.core import EngineConfig, OverloadedError, SchedulerConfig
+from orchestrator.core.errors import AdmissionError
+from orchestrator.core.predictor import ModelStepTimePredictor, StepFeatures
+from orchestrator.core.request import FinishReason, RequestStatus
+from orchestrator.core.sched.ordering import SloOrdering
+from orchestrator.core.sched.waiting import WaitingQueue
+from tests.factories import (
+    constant_step_time,
+    make_engine,
+    make_request,
+    make_scheduler,
+    run_to_completion,
+)
+
+CLASSES = {
+    "interactive": {"ttft_ms": 250, "tpot_ms": 50},
+    "batch": {"ttft_ms": 1000, "tpot_ms": 200},
+}
+
+# ------------------------------------------------------------------ config
+
+
+def test_slo_classes_validate_and_name_the_field() -> None:
+    cfg = SchedulerConfig(slo_classes=CLASSES, default_slo_class="batch")
+    assert cfg.slo_classes["interactive"].ttft_s == 0.25
+    assert cfg.slo_classes["batch"].tpot_s == 0.2
+    with pytest.raises(ValidationError, match=r"slo_classes\.x\.ttft_ms"):
+        SchedulerConfig(slo_classes={"x": {"ttft_ms": 0, "tpot_ms": 50}})
+    with pytest.raises(ValidationError, match=r"slo_classes\.x\.tpot_ms"):
+        SchedulerConfig(slo_classes={"x": {"ttft_ms": 100, "tpot_ms": 1e9}})
+    with pytest.raises(ValidationError, match="e2e_ms"):
+        SchedulerConfig(slo_classes={"x": {"ttft_ms": 500, "tpot_ms": 50, "e2e_ms": 100}})
+    with pytest.raises(ValidationError, match="default_slo_class: unknown SLO class 'gold'"):
+        SchedulerConfig(slo_classes=CLASSES, default_slo_class="gold")
+    with pytest.raises(ValidationError, match=r"admission\.downgrade_to"):
+        SchedulerConfig(slo_classes=CLASSES, admission={"downgrade_to": "gold"})
+    with pytest.raises(ValidationError, match="unknown admission 'lottery'"):
+        SchedulerConfig(admission={"type": "lottery"})
+    with pytest.raises(ValidationError, match="needs slo_classes"):
+        SchedulerConfig(admission={"type": "slo"})
+
+
+def test_tenant_default_classes_must_exist() -> None:
+    scheduler = {"slo_classes": CLASSES}
+    EngineConfig(
+        scheduler=scheduler,
+        executor={"type": "sim"},
+        server={"tenant_slo_classes": {"key-abc": "batch"}},
+    )
+    with pytest.raises(ValidationError, match=r"tenant_slo_classes.*'gold'"):
+        EngineConfig(
+            scheduler=scheduler,
+            executor={"type": "sim"},
+            server={"tenant_slo_classes": {"key-abc": "gold"}},
+        )
+
+
+def test_an_unknown_class_at_submission_is_a_400_naming_the_field() -> None:
+    sched = make_scheduler(slo_classes=CLASSES)
+    with pytest.raises(AdmissionError, match="slo_class: unknown SLO class 'gold'"):
+        sched.add_request(make_request(slo_class="gold"))
+    assert sched.num_waiting == 0
+
+
+def test_the_default_class_sets_deadline_and_tpot_target() -> None:
+    sched = make_scheduler(slo_classes=CLASSES, default_slo_class="batch")
+    r = make_request(arrival_time=2.0)
+    sched.add_request(r)
+    assert (r.slo_class, r.ttft_deadline, r.tpot_target_s) == ("batch", 3.0, 0.2)
+    plain = make_scheduler()
+    q = make_request(arrival_time=2.0)
+    plain.add_request(q)
+    assert (q.slo_class, q.ttft_deadline, q.tpot_target_s) == (None, 2.0, None)
+
+
+# ------------------------------------------------------------------ ordering
+
+
+def test_slo_policy_admits_earliest_deadline_first() -> None:
+    sched = make_scheduler(policy="slo", slo_classes=CLASSES, aging_rate=0.0)
+    # batch arrives first but is due at 1.0 s; interactive arriving at 0.5 s is due at 0.75.
+    sched.add_request(make_request(request_id="batch", slo_class="batch", arrival_time=0.0))
+    sched.add_request(make_request(request_id="late", slo_class="interactive", arrival_time=0.9))
+    sched.add_request(make_request(request_id="inter", slo_class="interactive", arrival_time=0.5))
+    order = [sched.waiting.pop().request_id for _ in range(3)]
+    assert order == ["inter", "batch", "late"]
+
+
+def test_priority_strata_come_before_deadlines_without_aging() -> None:
+    queue = WaitingQueue(SloOrdering(aging_rate=0.0))
+    early = make_request(request_id="p1-early", priority=1)
+    early.ttft_deadline = 0.1
+    late = make_request(request_id="p0-late", priority=0)
+    late.ttft_deadline = 50.0
+    queue.push(early)
+    queue.push(late)
+    assert queue.pop().request_id == "p0-late"
+
+
+@pytest.mark.parametrize("aging_rate", [0.5, 2.0])
+def test_slo_starvation_bound_holds_for_random_requests(aging_rate: float) -> None:
+    # Stated bound: priority p with deadline d0 is ahead of any request of priority
+    # q <= p whose deadline is after d0 + (p - q) / aging_rate.
+    policy = SloOrdering(aging_rate)
+    rng = random.Random(7)
+    requests = []
+    for i in range(300):
+        r = make_request(request_id=f"r{i}", priority=rng.randint(0, 5))
+        r.ttft_deadline = rng.uniform(0, 20)
+        requests.append(r)
+    checked = 0
+    for a in requests:
+        for b in requests:
+            p, q = a.priority, b.priority
+            if q <= p and b.ttft_deadline > a.ttft_deadline + (p - q) / aging_rate:
+                assert policy.admission_key(a) < policy.admission_key(b)
+                checked += 1
+    assert checked > 1000
+
+
+# ------------------------------------------------------------------ admission
+
+
+def slo_scheduler(**config: object):  # type: ignore[no-untyped-def]
+    """A scheduler whose predictor knows every step takes 0.1 s; 64-token budget,
+    32-token chunks, SLO admission with no Retry-After floor."""
+    admission = {"type": "slo", "min_retry_after_s": 0.0}
+    admission.update(config.pop("admission", {}))  # type: ignore[arg-type]
+    settings: dict[str, object] = {
+        "max_num_tokens": 64,
+        "chunk_size": 32,
+        "max_batch_size": 8,
+        "slo_classes": CLASSES,
+        "admission": admission,
+    }
+    settings.update(config)
+    return make_scheduler(predictor=constant_step_time(0.1), **settings)
+
+
+def test_slo_admission_predicts_ttft_and_computes_retry_after() -> None:
+    sched = slo_scheduler()
+    a = make_request(64, slo_class="batch", arrival_time=0.0, request_id="a")
+    b = make_request(64, slo_class="batch", arrival_time=0.001, request_id="b")
+    sched.add_request(a, now=0.0)
+    sched.add_request(b, now=0.001)
+    # a alone: 64 tokens at 32 per step = 2 steps of 0.1 s.
+    assert a.predicted_ttft_s == pytest.approx(0.2)
+    # Steps 1-2 run a and b (32 + 32 each); the newcomer's 32 tokens run in step 3.
+    c = make_request(32, slo_class="interactive", arrival_time=0.002, request_id="c")
+    with pytest.raises(OverloadedError) as refused:
+        sched.add_request(c, now=0.002)
+    err = refused.value
+    assert err.code == "ttft_unattainable"
+    # predicted 0.3 s against a 0.25 s target: back in 0.05 s.
+    assert err.retry_after_s == pytest.approx(0.05)
+    assert "250 ms target of SLO class 'interactive'" in str(err)
+    assert sched.num_waiting == 2 and "c" not in sched.requests
+    assert sched.rejections == {("interactive", "ttft_unattainable"): 1}
+    # The same request fits the batch target; time already waited counts.
+    d = make_request(32, slo_class="batch", arrival_time=0.002, request_id="d")
+    sched.add_request(d, now=0.012)
+    assert d.predicted_ttft_s == pytest.approx(0.01 + 0.3)
+
+
+def test_margin_tightens_the_verdict_and_the_floor_bounds_retry_after() -> None:
+    sched = slo_scheduler(admission={"ttft_margin": 0.5, "min_retry_after_s": 1.0})
+    with pytest.raises(OverloadedError) as refused:
+        # 8 chunks of 32 at 0.1 s: 0.8 s against 0.5 x 1000 ms.
+        sched.add_request(make_request(256, slo_class="batch"), now=0.0)
+    assert refused.value.retry_after_s == 1.0
+    sched.add_request(make_request(128, slo_class="batch"), now=0.0)  # 0.4 s <= 0.5 s
+
+
+def test_downgrade_moves_a_request_to_the_best_effort_class() -> None:
+    sched = slo_scheduler(admission={"downgrade_to": "batch"})
+    r = make_request(96, slo_class="interactive", arrival_time=0.0)
+    sched.add_request(r, now=0.0)  # 0.3 s > 0.25 s, but within batch's 1 s
+    assert r.slo_class == "batch" and r.ttft_deadline == pytest.approx(1.0)
+    with pytest.raises(OverloadedError):
+        sched.add_request(make_request(32 * 12, slo_class="interactive"), now=0.0)
+
+
+def test_requests_without_a_class_face_only_the_queue_limits() -> None:
+    sched = slo_scheduler()
+    sched.add_request(make_request(32 * 30, max_tokens=1), now=0.0)  # 3 s, but no target
+    assert sched.num_waiting == 1
+
+
+def test_reserved_returns_count_as_work_ahead() -> None:
+    sched = slo_scheduler(chunk_size=64, admission={"reserve_retries": True})
+    with pytest.raises(OverloadedError) as first:
+        sched.add_request(make_request(192, slo_class="interactive", request_id="x"), now=0.0)
+    assert first.value.retry_after_s == pytest.approx(0.3 - 0.25)
+    # x's 192 tokens are due back at 0.05 s, within the next request's 250 ms window:
+    # 64 tokens alone would take 0.1 s; behind x's return, 3 steps of x first -> 0.4 s.
+    with pytest.raises(OverloadedError) as second:
+        sched.add_request(make_request(64, slo_class="interactive", request_id="y"), now=0.0)
+    # Its own excess (0.15 s) plus x's booked prefill (192 tokens: 3 steps, 0.3 s).
+    assert second.value.retry_after_s == pytest.approx(0.15 + 0.3)
+    # Once x's return is due, the reservation lapses.
+    sched.add_request(make_request(64, slo_class="interactive", request_id="z"), now=0.06)
+
+
+def test_queue_limit_retry_after_is_the_predicted_drain_time() -> None:
+    sched = make_scheduler(
+        predictor=constant_step_time(0.1),
+        max_num_tokens=64,
+        chunk_size=32,
+        max_waiting_requests=2,
+        admission={"min_retry_after_s": 0.0},
+    )
+    for i in range(2):
+        sched.add_request(make_request(64, arrival_time=i * 0.01))
+    with pytest.raises(OverloadedError) as full:
+        sched.add_request(make_request(8))
+    # One request (64 tokens) must leave the queue: one full 64-token step.
+    assert full.value.code == "queue_full"
+    assert full.value.retry_after_s == pytest.approx(0.1)
+    tokens = make_scheduler(
+        predictor=constant_step_time(0.1), max_num_tokens=64, chunk_size=32, max_waiting_tokens=100
+    )
+    tokens.add_request(make_request(64))
+    with pytest.raises(OverloadedError) as over:
+        tokens.add_request(make_request(100))
+    # 64 of the 164 tokens over a limit of 100 must drain: one step. Floor is 1 s.
+    assert over.value.code == "queue_tokens_full" and over.value.retry_after_s == 1.0
+
+
+# ------------------------------------------------------------------ shedding
+
+
+def test_waiting_requests_past_their_deadline_are_ended_with_an_error() -> None:
+    engine, clock = make_engine(
+        step_time_s=0.01,
+        max_batch_size=1,
+        slo_classes={"fast": {"ttft_ms": 50, "tpot_ms": 100}},
+        admission={"shed_after_deadline_s": 0.02},
+    )
+    blocker = make_request(8, max_tokens=40, request_id="blocker")  # no class: never shed
+    stuck = make_request(8, max_tokens=4, request_id="stuck", slo_class="fast")
+    engine.scheduler.add_request(blocker)
+    engine.scheduler.add_request(stuck)
+    outputs = [o for step in run_to_completion(engine, clock) for o in step.outputs]
+    ended = [o for o in outputs if o.request_id == "stuck"]
+    assert len(ended) == 1 and ended[0].finished
+    assert ended[0].finish_reason == FinishReason.ERROR
+    assert ended[0].error_code == "ttft_deadline_passed"
+    assert ended[0].error is not None and "TTFT deadline (50 ms" in ended[0].error
+    assert stuck.status == RequestStatus.FINISHED_ERROR and not stuck.output_token_ids
+    # It ended at the first step after 50 + 20 ms, not when the blocker finished (0.4 s).
+    assert stuck.finish_time is not None and 0.07 <= stuck.finish_time <= 0.09
+    assert blocker.status == RequestStatus.FINISHED_LENGTH
+    assert engine.stats().num_shed == 1 and engine.scheduler.kv.num_used_blocks == 0
+
+
+def test_shedding_off_keeps_late_requests() -> None:
+    engine, clock = make_engine(
+        max_batch_size=1, slo_classes={"fast": {"ttft_ms": 50, "tpot_ms": 100}}
+    )
+    engine.scheduler.add_request(make_request(8, max_tokens=40))
+    late = make_request(8, max_tokens=4, slo_class="fast")
+    engine.scheduler.add_request(late)
+    run_to_completion(engine, clock)
+    assert late.status == RequestStatus.FINISHED_LENGTH
+
+
+# ------------------------------------------------------------------ SLO budget
+
+
+def linear_step(features: StepFeatures) -> float:
+    return 0.01 + 0.001 * features.num_tokens
+
+
+def test_slo_budget_is_the_largest_prefill_under_the_tightest_tpot() -> None:
+    sched = make_scheduler(
+        predictor=ModelStepTimePredictor(linear_step),
+        max_num_tokens=1000,
+        chunk_size=512,
+        slo_classes=CLASSES,
+        slo_budget={"enabled": True},
+    )
+    assert sched.step_budget() == 1000  # nothing running: no target to keep
+    for i in range(4):
+        sched.add_request(make_request(8, max_tokens=50, slo_class="batch", request_id=f"b{i}"))
+    sched.update(plan := sched.schedule(0.0), _sampled(plan), 0.01)
+    # batch: 0.01 + 0.001 x tokens <= 0.2 s -> at most 190 tokens.
+    assert sched.step_budget() == 190
+    sched.add_request(make_request(8, max_tokens=50, slo_class="interactive"))
+    sched.update(plan := sched.schedule(0.02), _sampled(plan), 0.03)
+    # The tightest target now: 50 ms -> 0.01 + 0.001 x tokens <= 0.05 -> 40 tokens.
+    assert sched.step_budget() == 40
+    for _ in range(3):
+        sched.add_request(make_request(300, max_tokens=5))
+    plan = sched.schedule(0.04)
+    assert plan.num_tokens == 40 and linear_step(StepFeatures(40, 0, 0, 0, 0)) <= 0.05
+
+
+def test_slo_budget_keeps_a_minimum_prefill_and_the_fixed_caps() -> None:
+    sched = make_scheduler(
+        predictor=ModelStepTimePredictor(linear_step),
+        max_num_tokens=100,
+        slo_classes={"tight": {"ttft_ms": 100, "tpot_ms": 5}},
+        slo_budget={"enabled": True, "min_prefill_tokens": 16},
+    )
+    sched.add_request(make_request(8, max_tokens=50, slo_class="tight"))
+    sched.update(plan := sched.schedule(0.0), _sampled(plan), 0.01)
+    # Even one decode misses 5 ms: decodes plus the 16-token floor.
+    assert sched.step_budget() == 1 + 16
+    loose = make_scheduler(
+        predictor=ModelStepTimePredictor(linear_step),
+        max_num_tokens=100,
+        slo_classes={"loose": {"ttft_ms": 100, "tpot_ms": 10_000}},
+        slo_budget={"enabled": True},
+    )
+    loose.add_request(make_request(8, max_tokens=50, slo_class="loose"))
+    loose.update(plan := loose.schedule(0.0), _sampled(plan), 0.01)
+    assert loose.step_budget() == 100  # max_num_tokens stays the upper bound
+
+
+def test_slo_budget_off_keeps_max_num_tokens() -> None:
+    sched = make_scheduler(predictor=ModelStepTimePredictor(linear_step), slo_classes=CLASSES)
+    sched.add_request(make_request(8, slo_class="interactive"))
+    sched.update(plan := sched.schedule(0.0), _sampled(plan), 0.01)
+    assert sched.step_budget() == sched.config.max_num_tokens
+
+
+def _sampled(plan):  # type: ignore[no-untyped-def]
+    from orchestrator.core.output import StepResult
+
+    return StepResult({s.request_id: 5 for s in plan.scheduled if s.sample}, duration_s=0.01)
+
+
+def test_a_tenant_default_class_comes_between_the_request_and_the_default() -> None:
+    from orchestrator.core.kv.manager import KVCacheManager
+    from orchestrator.core.sched.scheduler import Scheduler
+
+    config = SchedulerConfig(slo_classes=CLASSES, default_slo_class="interactive")
+    sched = Scheduler(config, KVCacheManager(64, 16), 4096, tenant_classes={"nightly": "batch"})
+    own = make_request(tenant="nightly", slo_class="interactive")
+    by_tenant = make_request(tenant="nightly")
+    default = make_request(tenant="someone")
+    for r in (own, by_tenant, default):
+        sched.add_request(r)
+    assert [r.slo_class for r in (own, by_tenant, default)] == [
+        "interactive",
+        "batch",
+        "interactive",
+    ]
