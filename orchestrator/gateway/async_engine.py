@@ -49,6 +49,16 @@ class RequestFailedError(EngineError):
         self.detail = detail
 
 
+class RequestShedError(EngineError):
+    """The engine chose to end this request before its first token (``code`` says why,
+    e.g. ``ttft_deadline_passed``: it could no longer meet its SLO class's TTFT target).
+    The message is the engine's own explanation, safe to show the client."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class SubmissionFailedError(EngineError):
     """Applying this request's submission raised an unexpected error; the request was
     not queued and the engine runs on. The cause is logged, not carried."""
@@ -96,6 +106,10 @@ class RequestStream:
             raise item
         if item.finished:
             self.finished = True
+            if item.finish_reason is FinishReason.ERROR and item.error_code is not None:
+                raise RequestShedError(
+                    item.error or "the engine ended this request", item.error_code
+                )
             if item.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
                 raise RequestFailedError(
                     "the engine could not complete this request",

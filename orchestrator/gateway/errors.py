@@ -21,7 +21,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from orchestrator.core import AdmissionError, EngineDeadError, OverloadedError
-from orchestrator.gateway.async_engine import RequestFailedError, SubmissionFailedError
+from orchestrator.gateway.async_engine import (
+    RequestFailedError,
+    RequestShedError,
+    SubmissionFailedError,
+)
 from orchestrator.gateway.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -102,6 +106,9 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(429, str(exc), code=exc.code, headers={"Retry-After": retry_after})
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc), code="engine_unavailable")
+    if isinstance(exc, RequestShedError):
+        # A deliberate, temporary refusal (the server is behind), not a server fault.
+        return APIError(503, str(exc), code=exc.code)
     if isinstance(exc, RequestFailedError):
         return APIError(500, str(exc), code="generation_failed", detail=exc.detail)
     if isinstance(exc, SubmissionFailedError):

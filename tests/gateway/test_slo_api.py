@@ -4,6 +4,8 @@ the prediction-error metrics."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tests.factories import constant_step_time
@@ -61,3 +63,24 @@ def test_prediction_errors_are_exported() -> None:
         assert "orchestrator_step_time_prediction_error " in text
         assert "orchestrator_ttft_prediction_error " in text
         assert "orchestrator_requests_shed_total 0.0" in text
+
+
+def test_a_request_shed_past_its_deadline_is_a_503_with_the_reason_code() -> None:
+    # One sequence at a time, 50 ms steps: a 40-token request holds the batch for about
+    # 2 s while a second, interactive one (100 ms target) waits past its deadline.
+    core, _ = fake_core(
+        step_time_s=0.05,
+        max_batch_size=1,
+        slo_classes=CLASSES,
+        default_slo_class="batch",
+        admission={"type": "queue_limits", "shed_after_deadline_s": 0.0},
+    )
+    with client_for(core) as client, ThreadPoolExecutor(1) as pool:
+        long = pool.submit(client.post, "/v1/completions", json=body(max_tokens=40))
+        time.sleep(0.3)  # the long request is running
+        r = client.post("/v1/completions", json=body(slo_class="interactive"))
+        assert r.status_code == 503
+        error = r.json()["error"]
+        assert error["code"] == "ttft_deadline_passed" and "TTFT deadline" in error["message"]
+        assert long.result(timeout=30).status_code == 200
+        assert "orchestrator_requests_shed_total 1.0" in client.get("/metrics").text
