@@ -96,7 +96,7 @@ def run_engine(
 ) -> RunResult:
     """All requests submitted at once; token times are the engine's step end times."""
     config = EngineConfig(
-        scheduler=SchedulerConfig(mode=mode, max_batch_size=batch_size),
+        scheduler=SchedulerConfig(batching=mode, max_batch_size=batch_size),
         # Prefix caching off: hf-generate has none, and overlapping text windows would
         # otherwise favour whichever mode happens to reuse more.
         cache=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
@@ -222,11 +222,17 @@ class DenseAttention:
         self.k = [torch.zeros(shape, dtype=weights.dtype) for _ in range(a.num_layers)]
         self.v = [torch.zeros(shape, dtype=weights.dtype) for _ in range(a.num_layers)]
         self.args, self.context = a, context
+        self.rope = RotaryTable(a, context + 1, weights.dtype)
+        self.positions = torch.full((batch,), context, dtype=torch.long)
 
-    def __call__(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        a, batch = self.args, q.shape[0]
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        a, batch = self.args, qkv.shape[0]
+        nq, nkv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+        q = self.rope.apply(qkv[:, :nq].view(batch, a.num_heads, a.head_dim), self.positions)
+        k = self.rope.apply(
+            qkv[:, nq : nq + nkv].view(batch, a.num_kv_heads, a.head_dim), self.positions
+        )
+        v = qkv[:, nq + nkv :].view(batch, a.num_kv_heads, a.head_dim)
         self.k[layer][:, :, self.context] = k.transpose(0, 1)  # [kv_heads, batch, head_dim]
         self.v[layer][:, :, self.context] = v.transpose(0, 1)
         qg = (
@@ -242,13 +248,11 @@ class DenseAttention:
 
 def dense_step(weights: LlamaWeights, batch: int, context: int) -> Callable[[], object]:
     attention = DenseAttention(weights, batch, context)
-    rope = RotaryTable(weights.args, context + 1, weights.dtype)
     tokens = torch.full((batch,), 17, dtype=torch.long)
-    positions = torch.full((batch,), context, dtype=torch.long)
 
     def step() -> object:
         with torch.inference_mode():
-            hidden = forward_hidden(weights, tokens, positions, rope, attention)
+            hidden = forward_hidden(weights, tokens, attention)
             return compute_logits(weights, hidden).argmax(-1).tolist()
 
     return step

@@ -13,8 +13,14 @@ DEFAULT_CACHE_DIR = "~/.cache/orchestrator"
 class TorchExecutorConfig(BaseModel):
     """``executor: {type: torch, ...}`` options.
 
+    - ``device``: ``cpu``, or ``cuda`` for the first GPU (the same forward, with
+      captured CUDA graphs for decode steps).
     - ``dtype``: weights, activations and KV cache. ``bfloat16`` is the default because it
       was fastest for prefill and decode on the benchmark (docs/torch_executor.md).
+    - ``kernels``: ``auto`` builds the CPU kernels (RMSNorm, RoPE with the cache write,
+      paged attention in place) on first use with the system C++ compiler and falls back
+      to torch ops where that fails; ``torch`` always uses torch ops (the reference path).
+    - ``cuda_graphs``: on CUDA, replay captured graphs for decode-only steps.
     - ``num_threads``: intra-op threads for torch; ``None`` keeps torch's default (one
       per core). torch's thread pool is process-wide, so the last executor built wins.
     - ``kv_cache_gib``: memory for the paged KV pool in GiB (2**30 bytes); the pool holds
@@ -26,7 +32,10 @@ class TorchExecutorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    kernels: Literal["auto", "torch"] = "auto"
+    cuda_graphs: bool = True
     num_threads: int | None = Field(None, ge=1)
     kv_cache_gib: float = Field(2.0, gt=0)
     cache_dir: str = DEFAULT_CACHE_DIR

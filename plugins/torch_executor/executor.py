@@ -7,10 +7,11 @@ config files on machines without it; the model code loads in ``from_config``.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from orchestrator.core import ExecutorInfo, SchedulerOutput, StepResult
-from plugins.torch_executor.config import TorchExecutorConfig
+from plugins.torch_executor.config import DEFAULT_CACHE_DIR, TorchExecutorConfig
 
 if TYPE_CHECKING:
     from orchestrator.core import EngineConfig
@@ -28,6 +29,13 @@ class TorchExecutor:
     - Sampling is keyed by ``(seed, position)``, so the executor keeps no per-request
       state and ``finished_ids``/``preempted_ids`` need no handling.
     - ``StepResult.duration_s`` is the measured wall time of ``execute`` in seconds.
+    - A plan entry the executor cannot run (a block outside the pool, positions past
+      ``max_model_len``, a block table too short, token ids outside the vocabulary, no
+      tokens) is reported in ``StepResult.failed`` with the reason; the rest of the plan
+      runs as if it were absent.
+    - The device is the weights'; on the CPU, ``kernels`` (``auto`` or ``torch``) picks
+      the CPU kernels or torch ops (``native.py``), and their build is cached under
+      ``kernel_dir`` (default: the default cache folder).
     """
 
     Config: ClassVar[type[TorchExecutorConfig]] = TorchExecutorConfig
@@ -40,12 +48,17 @@ class TorchExecutor:
         num_blocks: int,
         max_model_len: int | None = None,
         seed: int | None = None,
+        kernels: Literal["auto", "torch"] = "auto",
+        kernel_dir: Path | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         """Serve ``weights`` (shared, never modified) with a fresh KV pool of
-        ``num_blocks`` blocks of ``block_size`` tokens. ``seed`` seeds the generator of
-        sampled requests without a seed of their own (``None``: fresh entropy)."""
+        ``num_blocks`` blocks of ``block_size`` tokens on the weights' device. ``seed``
+        seeds the generator of sampled requests without a seed of their own (``None``:
+        fresh entropy)."""
         import torch
 
+        from plugins.torch_executor import native
         from plugins.torch_executor.runner import ModelRunner
 
         args = weights.args
@@ -63,14 +76,17 @@ class TorchExecutor:
         else:
             rng.manual_seed(seed)
         self._num_blocks = num_blocks
+        loaded = None
+        if kernels == "auto" and weights.device.type == "cpu" and native.supports(weights.dtype):
+            loaded = native.load_kernels(kernel_dir or Path(DEFAULT_CACHE_DIR).expanduser())
         self._runner: ModelRunner | None = ModelRunner(
-            weights, num_blocks, block_size, self.max_model_len, rng
+            weights, num_blocks, block_size, self.max_model_len, rng, loaded, cuda_graphs
         )
 
     @classmethod
     def from_config(cls, config: Any, engine: EngineConfig) -> TorchExecutor:
-        """Load the engine's model in ``config.dtype`` and size the KV pool from
-        ``config.kv_cache_gib``."""
+        """Load the engine's model in ``config.dtype`` on ``config.device`` and size the KV
+        pool from ``config.kv_cache_gib``."""
         import torch
 
         from plugins.torch_executor.paged import PagedKVCache
@@ -84,7 +100,9 @@ class TorchExecutor:
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
         dtype = getattr(torch, options.dtype)
-        weights = load_weights(engine.model, options.cache_path, dtype)
+        if options.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("executor.device is cuda, but torch sees no CUDA device here")
+        weights = load_weights(engine.model, options.cache_path, dtype, options.device)
         block_size = engine.cache.block_size
         per_block = PagedKVCache.bytes_per_block(weights.args, block_size, dtype)
         num_blocks = options.kv_cache_bytes // per_block
@@ -99,6 +117,9 @@ class TorchExecutor:
             num_blocks=num_blocks,
             max_model_len=engine.model.max_model_len,
             seed=options.seed,
+            kernels=options.kernels,
+            kernel_dir=options.cache_path,
+            cuda_graphs=options.cuda_graphs,
         )
 
     @property
@@ -118,12 +139,12 @@ class TorchExecutor:
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         start = time.perf_counter()
-        sampled, logprobs, failed = self.runner.execute(plan)
+        out = self.runner.execute(plan)
         return StepResult(
-            sampled=sampled,
+            sampled=out.sampled,
             duration_s=time.perf_counter() - start,
-            logprobs=logprobs,
-            failed=failed,
+            logprobs=out.logprobs,
+            failed=out.failed,
         )
 
     def shutdown(self) -> None:

@@ -2,14 +2,17 @@
 
 Every scheduled token of every request (prefill chunks and single decode tokens alike)
 runs as one row of ``[num_tokens, hidden]``; only attention needs to know which rows
-belong to which request, and that knowledge lives in the ``Attention`` callable the
-caller passes in (paged for serving, dense for a baseline). Numerics follow
+belong to which request and where they sit, and that knowledge lives in the
+``Attention`` callable the caller passes in (paged for serving, dense for a baseline),
+which also applies RoPE, since the positions are its to know. Numerics follow
 transformers' Llama: RMSNorm in float32, rotate-half RoPE, float32 softmax.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -18,38 +21,58 @@ import torch.nn.functional as F
 from plugins.torch_executor.weights import LayerWeights, LlamaWeights, ModelArgs
 
 
+@dataclass(frozen=True, slots=True)
+class Ops:
+    """The elementwise parts of a layer: ``norm(x, weight, eps)``, RMSNorm of ``x``
+    ``[rows, hidden]``; ``silu_mul(gate_up)``, ``silu(gate) * up`` of ``[rows, 2 *
+    inter]`` -> ``[rows, inter]``. ``TORCH_OPS`` below, or the CPU kernels (one pass
+    each, ``native.py``)."""
+
+    norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    silu_mul: Callable[[torch.Tensor], torch.Tensor]
+
+
 class Attention(Protocol):
     """Attention of one layer over a batch whose per-request layout the callable knows.
 
-    ``q``: ``[num_tokens, heads, head_dim]``; ``k``, ``v``: ``[num_tokens, kv_heads,
-    head_dim]`` (RoPE applied), rows in the order of the batch's tokens. Returns
-    ``[num_tokens, heads, head_dim]``.
+    ``qkv``: ``[num_tokens, (heads + 2 * kv_heads) * head_dim]``, the fused projection's
+    output (Q, then K, then V; no RoPE yet), rows in the order of the batch's tokens.
+    Applies RoPE at each row's position, stores K/V as it needs, and returns ``[num_tokens,
+    heads, head_dim]``.
     """
 
-    def __call__(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor: ...
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor: ...
 
 
 class RotaryTable:
     """cos/sin of every position up to ``max_len``, precomputed once: ``[max_len, head_dim]``."""
 
-    def __init__(self, args: ModelArgs, max_len: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        args: ModelArgs,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
         inv_freq = rope_inverse_frequencies(args)  # [head_dim / 2], float32
         positions = torch.arange(max_len, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]  # [max_len, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_len, head_dim]
-        self.cos = emb.cos().to(dtype)
-        self.sin = emb.sin().to(dtype)
+        self.cos = emb.cos().to(dtype).to(device)
+        self.sin = emb.sin().to(dtype).to(device)
         self.max_len = max_len
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x``: ``[num_tokens, n_heads, head_dim]`` at ``positions``: ``[num_tokens]``."""
-        cos = self.cos[positions].unsqueeze(1)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        # cos, sin: [num_tokens, 1, head_dim]
+        return rotate(x, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of ``x``: ``[num_tokens, n_heads, head_dim]`` with ``cos``/``sin``
+    ``[num_tokens, 1, head_dim]``, rounding as transformers does."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def rope_inverse_frequencies(args: ModelArgs) -> torch.Tensor:
@@ -80,47 +103,52 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``gate_up``: ``[rows, 2 * inter]`` (gate, then up) -> ``[rows, inter]``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+TORCH_OPS = Ops(norm=rms_norm, silu_mul=silu_mul)
+
+
 def decoder_layer(
     index: int,
     w: LayerWeights,
     args: ModelArgs,
     h: torch.Tensor,
-    positions: torch.Tensor,
-    rope: RotaryTable,
     attention: Attention,
+    ops: Ops = TORCH_OPS,
 ) -> torch.Tensor:
-    """One pre-norm decoder layer on ``h``: ``[num_tokens, hidden]``; returns the same shape."""
+    """One pre-norm decoder layer on ``h``: ``[num_tokens, hidden]``; returns the same shape.
+    Both residual adds ride on the projection that feeds them (``Linear.add``)."""
     n = h.shape[0]
-    nq, nkv, hd = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim, args.head_dim
-    qkv = w.qkv(rms_norm(h, w.input_norm, args.rms_norm_eps))  # [n, nq + 2 * nkv]
-    q = qkv[:, :nq].view(n, args.num_heads, hd)
-    k = qkv[:, nq : nq + nkv].view(n, args.num_kv_heads, hd)
-    v = qkv[:, nq + nkv :].view(n, args.num_kv_heads, hd)
-    q, k = rope.apply(q, positions), rope.apply(k, positions)
-    attn = attention(index, q, k, v.contiguous())  # [n, heads, head_dim]
-    h = h + w.o(attn.reshape(n, nq))
-    gate_up = w.gate_up(rms_norm(h, w.post_norm, args.rms_norm_eps))  # [n, 2 * inter]
-    gate, up = gate_up.chunk(2, dim=-1)
-    return h + w.down(F.silu(gate) * up)
+    eps = args.rms_norm_eps
+    qkv = w.qkv(ops.norm(h, w.input_norm, eps))  # [n, (heads + 2 * kv_heads) * head_dim]
+    attn = attention(index, qkv)  # [n, heads, head_dim]
+    h = w.o.add(attn.reshape(n, args.num_heads * args.head_dim), h)
+    gate_up = w.gate_up(ops.norm(h, w.post_norm, eps))  # [n, 2 * intermediate]
+    return w.down.add(ops.silu_mul(gate_up), h)
 
 
 def forward_hidden(
     weights: LlamaWeights,
     token_ids: torch.Tensor,
-    positions: torch.Tensor,
-    rope: RotaryTable,
     attention: Attention,
+    ops: Ops = TORCH_OPS,
 ) -> torch.Tensor:
     """Hidden states before the final norm: ``[num_tokens, hidden]`` for ``token_ids``
-    and ``positions`` (both ``[num_tokens]``, int64)."""
+    (``[num_tokens]``, int64); positions are ``attention``'s."""
     h = weights.embed[token_ids]  # [num_tokens, hidden]
     for i, layer in enumerate(weights.layers):
-        h = decoder_layer(i, layer, weights.args, h, positions, rope, attention)
+        h = decoder_layer(i, layer, weights.args, h, attention, ops)
     return h
 
 
-def compute_logits(weights: LlamaWeights, hidden: torch.Tensor) -> torch.Tensor:
+def compute_logits(
+    weights: LlamaWeights, hidden: torch.Tensor, ops: Ops = TORCH_OPS
+) -> torch.Tensor:
     """``hidden``: ``[rows, hidden]`` (only the rows that need logits) -> float32
     ``[rows, vocab]``."""
-    normed = rms_norm(hidden, weights.norm, weights.args.rms_norm_eps)
+    normed = ops.norm(hidden, weights.norm, weights.args.rms_norm_eps)
     return weights.lm_head(normed).float()

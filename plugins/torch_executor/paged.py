@@ -1,10 +1,15 @@
-"""The paged KV cache and attention that reads each request's context through its
-block table.
+"""The paged KV cache, the per-step batch layout, and attention that reads each
+request's context through its block table.
 
-Layout per layer: one tensor ``[2 * kv_heads, num_blocks, block_size, head_dim]``, K
-heads first, then V heads. Gathering a batch's blocks head by head yields ``[2,
-kv_heads, batch, blocks * block_size, head_dim]``, already contiguous for the score and
-value matmuls, so no transpose copy follows the gather.
+Layout per layer: K ``[kv_heads, num_blocks, head_dim, block_size]`` (each block stored
+transposed, so a block's scores accumulate lane-wise in the CPU kernel) and V
+``[kv_heads, num_blocks, block_size, head_dim]``. One block past the pool (id
+``num_blocks``) is scratch: padded rows of a captured CUDA graph write there, and no
+request ever owns it.
+
+``StepBatch`` is everything about the plan that attention needs, built once per step
+(never per layer): slots, positions, block tables, which rows attend through the paged
+kernel and which prefill chunks go through SDPA.
 """
 
 from __future__ import annotations
@@ -15,26 +20,48 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from plugins.torch_executor.model import RotaryTable, rotate
+from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.weights import ModelArgs
+
+# Chunks of at most this many rows attend row by row through the paged kernel, which
+# reads the cache in place; longer ones go through SDPA's fused kernel, whose blocked
+# matmuls win once enough rows share the keys. Measured on one SmolLM2 layer, bfloat16,
+# one thread, a chunk after 256 cached tokens: 16 rows 150 us (kernel) vs 178 us
+# (SDPA), 32 rows 298 vs 218 us.
+KERNEL_MAX_ROWS = 16
 
 
 class PagedKVCache:
-    """Preallocated K and V blocks for every layer.
+    """Preallocated K and V blocks for every layer, plus one scratch block.
 
-    Zero-filled on purpose: attention gathers whole blocks and masks unused slots, and a
-    masked score still multiplies its value row, so never-written slots must hold finite
-    numbers (uninitialised memory may be NaN).
+    Zero-filled on purpose: attention may read whole blocks and discard the slots past a
+    request's length, and those slots must hold finite numbers (uninitialised memory may
+    be NaN, and NaN times a zero weight is still NaN).
     """
 
     def __init__(
-        self, args: ModelArgs, num_blocks: int, block_size: int, dtype: torch.dtype
+        self,
+        args: ModelArgs,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
     ) -> None:
         if num_blocks < 1:
             raise ValueError(f"a KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (2 * args.num_kv_heads, num_blocks, block_size, args.head_dim)
-        self.kv = [torch.zeros(shape, dtype=dtype) for _ in range(args.num_layers)]
+        physical = num_blocks + 1  # the last one is scratch
+        k_shape = (args.num_kv_heads, physical, args.head_dim, block_size)
+        v_shape = (args.num_kv_heads, physical, block_size, args.head_dim)
+        self.k = [torch.zeros(k_shape, dtype=dtype, device=device) for _ in range(args.num_layers)]
+        self.v = [torch.zeros(v_shape, dtype=dtype, device=device) for _ in range(args.num_layers)]
+
+    @property
+    def scratch_block(self) -> int:
+        """A block id no request owns, for writes that must land somewhere harmless."""
+        return self.num_blocks
 
     @staticmethod
     def bytes_per_block(args: ModelArgs, block_size: int, dtype: torch.dtype) -> int:
@@ -61,145 +88,284 @@ class SequenceSlice:
     def context_len(self) -> int:
         return self.start_position + self.num_rows
 
+    def num_blocks(self, block_size: int) -> int:
+        return -(-self.context_len // block_size)
+
 
 @dataclass(frozen=True, slots=True)
-class AttentionGroup:
-    """Requests with the same number of rows this step, attended as one batched matmul.
+class Chunk:
+    """A prefill chunk attended with SDPA: rows ``first_row .. first_row + num_rows - 1``
+    at positions from ``start_position``; ``block_ids``: ``[blocks]`` covering its
+    context."""
 
-    ``rows``: ``[batch, queries]`` flat-batch row of each query; ``block_ids``:
-    ``[batch * max_blocks]`` block tables padded with block 0 and flattened;
-    ``allowed``: bool ``[1, batch, queries * group_size, max_blocks * block_size]``, true
-    where a query may attend.
+    first_row: int
+    num_rows: int
+    start_position: int
+    block_ids: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRows:
+    """Rows attended one by one over the cache in place.
+
+    ``rows``: ``[k]`` their flat-batch rows, or ``None`` when they are all the batch's
+    rows in order; ``tables``: ``[sequences, max_blocks]`` block ids (padded with the
+    scratch block); ``seqs``: ``[k]`` each row's row of ``tables``; ``lens``: ``[k]`` keys
+    each row sees (its position + 1); ``max_len``: the largest of ``lens``.
     """
 
-    rows: torch.Tensor
-    block_ids: torch.Tensor
-    allowed: torch.Tensor
+    rows: torch.Tensor | None
+    tables: torch.Tensor
+    seqs: torch.Tensor
+    lens: torch.Tensor
+    max_len: int
 
 
-def slot_mapping(slices: Sequence[SequenceSlice], block_size: int) -> torch.Tensor:
-    """``[num_tokens]`` flat cache slot (``block * block_size + offset``) of every row."""
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """The flat batch of one step: ``positions`` and ``slots`` (``block * block_size +
+    offset``) are ``[num_tokens]`` int64; ``cos``/``sin`` are ``[num_tokens, 1,
+    head_dim]`` rows of the rotary table at ``positions``, gathered once for every
+    layer."""
+
+    num_tokens: int
+    positions: torch.Tensor
+    slots: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    kernel_rows: KernelRows | None
+    chunks: list[Chunk]
+
+
+def slot_mapping(slices: Sequence[SequenceSlice], block_size: int) -> list[int]:
+    """Flat cache slot (``block * block_size + offset``) of every row, in row order."""
     slots: list[int] = []
     for s in slices:
-        for pos in range(s.start_position, s.context_len):
-            slots.append(s.block_table[pos // block_size] * block_size + pos % block_size)
-    return torch.tensor(slots, dtype=torch.int64)
+        table = s.block_table
+        slots += [
+            table[pos // block_size] * block_size + pos % block_size
+            for pos in range(s.start_position, s.context_len)
+        ]
+    return slots
 
 
-def build_group(
-    slices: Sequence[SequenceSlice], block_size: int, group_size: int
-) -> AttentionGroup:
-    """Stack ``slices`` (all with the same ``num_rows``) and build their mask.
+def build_step(
+    slices: Sequence[SequenceSlice],
+    block_size: int,
+    rope: RotaryTable,
+    scratch_block: int,
+    kernel_max_rows: int,
+    device: torch.device | str = "cpu",
+) -> StepBatch:
+    """Lay out one step. Requests with at most ``kernel_max_rows`` rows attend through
+    the paged kernel (``kernel_max_rows = 0``: none; 1: decodes only); the others are
+    SDPA chunks."""
+    positions = [p for s in slices for p in range(s.start_position, s.context_len)]
+    n = len(positions)
+    small = [s for s in slices if s.num_rows <= kernel_max_rows]
+    kernel_rows = None
+    if small:
+        width = max(s.num_blocks(block_size) for s in small)
+        tables = [
+            list(s.block_table[: s.num_blocks(block_size)])
+            + [scratch_block] * (width - s.num_blocks(block_size))
+            for s in small
+        ]
+        rows = [s.first_row + i for s in small for i in range(s.num_rows)]
+        seqs = [j for j, s in enumerate(small) for _ in range(s.num_rows)]
+        lens = [s.start_position + i + 1 for s in small for i in range(s.num_rows)]
+        all_rows = len(rows) == n  # slices are in row order, so these are 0 .. n - 1
+        kernel_rows = KernelRows(
+            rows=None if all_rows else torch.tensor(rows, device=device),
+            tables=torch.tensor(tables, dtype=torch.int64, device=device),
+            seqs=torch.tensor(seqs, dtype=torch.int64, device=device),
+            lens=torch.tensor(lens, dtype=torch.int64, device=device),
+            max_len=max(lens),
+        )
+    chunks = [
+        Chunk(
+            s.first_row,
+            s.num_rows,
+            s.start_position,
+            torch.tensor(
+                list(s.block_table[: s.num_blocks(block_size)]), dtype=torch.int64, device=device
+            ),
+        )
+        for s in slices
+        if s.num_rows > kernel_max_rows
+    ]
+    pos = torch.tensor(positions, dtype=torch.int64, device=device)
+    return StepBatch(
+        num_tokens=n,
+        positions=pos,
+        slots=torch.tensor(slot_mapping(slices, block_size), dtype=torch.int64, device=device),
+        cos=rope.cos[pos].unsqueeze(1),
+        sin=rope.sin[pos].unsqueeze(1),
+        kernel_rows=kernel_rows,
+        chunks=chunks,
+    )
 
-    Query ``i`` of a request sits at position ``start_position + i`` and may attend to
-    keys at positions ``<= start_position + i``: that one comparison is the causal mask
-    of a chunk that starts mid-sequence, and it also hides the padding keys of a request
-    whose context is shorter than the group's longest.
-    """
-    num_q = slices[0].num_rows
-    if any(s.num_rows != num_q for s in slices):
-        raise ValueError("an attention group needs slices with equal row counts")
-    batch = len(slices)
-    max_blocks = max(-(-s.context_len // block_size) for s in slices)
-    rows = torch.tensor([[s.first_row + i for i in range(num_q)] for s in slices])
-    query_pos = torch.tensor([[s.start_position + i for i in range(num_q)] for s in slices])
-    block_ids = torch.zeros(batch, max_blocks, dtype=torch.int64)
-    for b, s in enumerate(slices):
-        used = -(-s.context_len // block_size)
-        block_ids[b, :used] = torch.tensor(list(s.block_table[:used]), dtype=torch.int64)
-    key_pos = torch.arange(max_blocks * block_size)
-    allowed = key_pos[None, None, :] <= query_pos[:, :, None]  # [batch, queries, keys]
-    # One row per (query, head within its group): the query heads that share a KV head
-    # are folded into the query axis, so K/V are never repeated per head.
-    allowed = allowed[:, :, None, :].expand(batch, num_q, group_size, allowed.shape[-1])
-    allowed = allowed.reshape(1, batch, num_q * group_size, -1)
-    return AttentionGroup(rows=rows, block_ids=block_ids.view(-1), allowed=allowed)
 
-
-def plan_groups(
-    slices: Sequence[SequenceSlice], block_size: int, group_size: int
-) -> list[AttentionGroup]:
-    """One group per distinct row count: all decodes together, and prefill chunks of equal
-    length together, so no query is ever padded."""
-    by_rows: dict[int, list[SequenceSlice]] = {}
-    for s in slices:
-        by_rows.setdefault(s.num_rows, []).append(s)
-    return [build_group(group, block_size, group_size) for group in by_rows.values()]
-
-
-def gather_blocks(kv: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """``kv``: ``[heads, num_blocks, block_size, head_dim]`` -> ``[heads, len(block_ids),
-    block_size, head_dim]``, the listed blocks in order.
+def gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """``cache``: ``[kv_heads, num_blocks, *block]`` -> ``[kv_heads, len(block_ids),
+    *block]``, the listed blocks in order (``block_ids`` flat).
 
     One ``index_select`` per head on its leading axis copies whole contiguous blocks and
-    ran about 2x faster than a single ``index_select`` on the block axis (dim 1).
+    ran several times faster here than one advanced index over the block axis.
     """
-    out = kv.new_empty((kv.shape[0], block_ids.numel(), *kv.shape[2:]))
-    for head in range(kv.shape[0]):
-        torch.index_select(kv[head], 0, block_ids, out=out[head])
+    out = cache.new_empty((cache.shape[0], block_ids.numel(), *cache.shape[2:]))
+    for head in range(cache.shape[0]):
+        torch.index_select(cache[head], 0, block_ids, out=out[head])
     return out
 
 
+def gather_context(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_ids: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``length`` positions of the blocks ``block_ids`` (``[blocks]``) as
+    contiguous ``[kv_heads, length, head_dim]`` K and V."""
+    kv_heads, _, hd, _ = k_cache.shape
+    # [kv_heads, blocks, head_dim, block_size] -> [kv_heads, blocks * block_size, head_dim]
+    k = gather_blocks(k_cache, block_ids).transpose(-1, -2).reshape(kv_heads, -1, hd)
+    v = gather_blocks(v_cache, block_ids).reshape(kv_heads, -1, hd)
+    return k[:, :length], v[:, :length]
+
+
 class PagedAttention:
-    """``Attention`` for one step: writes the step's K/V into the cache at ``slots``, then
-    attends each group over its gathered blocks."""
+    """``Attention`` for one step: applies RoPE, writes the step's K/V at their slots,
+    then attends: kernel rows through the paged kernel (or, without it, a gather and two
+    batched matmuls), chunks through SDPA over their gathered context.
+
+    ``kernels``: the CPU kernels, or ``None`` for torch ops only (no compiler, or CUDA).
+    """
 
     def __init__(
         self,
         cache: PagedKVCache,
-        slots: torch.Tensor,
-        groups: Sequence[AttentionGroup],
+        step: StepBatch,
         args: ModelArgs,
+        rope: RotaryTable,
+        kernels: Kernels | None,
     ) -> None:
         self.cache = cache
-        self.slots = slots
-        self.groups = groups
+        self.step = step
         self.args = args
+        self.rope = rope
+        self.kernels = kernels
         self.scale = args.head_dim**-0.5
 
-    def __call__(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        a = self.args
-        kv = self.cache.kv[layer]
-        # [2 * kv_heads, num_blocks * block_size, head_dim] <- [2 * kv_heads, num_tokens, head_dim]
-        new = torch.cat((k, v), dim=1).transpose(0, 1)
-        kv.view(2 * a.num_kv_heads, -1, a.head_dim).index_copy_(1, self.slots, new)
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        a, st = self.args, self.step
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
+        # A chunk from position 0 attends only to its own rows: it takes its K and V
+        # from this step's projection rather than gathering them back from the cache.
+        fresh = any(c.start_position == 0 for c in st.chunks)
+        if self.kernels is not None:
+            q, k = self.kernels.rope_store(
+                qkv, st.positions, self.rope.cos, self.rope.sin, st.slots, k_cache, v_cache,
+                a.num_heads, return_k=fresh,
+            )  # fmt: skip
+        else:
+            q, k = self._rope_store(qkv, k_cache, v_cache)
+        kr = st.kernel_rows
+        if kr is not None and kr.rows is None:  # every row (decodes, short chunks)
+            return self._row_attention(q, k_cache, v_cache, kr)
         out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
-        for g in self.groups:
-            batch, num_q = g.rows.shape
-            gathered = gather_blocks(kv, g.block_ids).view(2, a.num_kv_heads, batch, -1, a.head_dim)
-            keys, values = gathered[0], gathered[1]
-            # q rows -> [kv_heads, batch, queries * group_size, head_dim]
-            qg = q[g.rows.view(-1)].view(batch, num_q, a.num_kv_heads, a.group_size, a.head_dim)
-            qg = qg.permute(2, 0, 1, 3, 4).reshape(a.num_kv_heads, batch, -1, a.head_dim)
-            o = self._attend(qg, keys, values, g.allowed, single_query=num_q == 1)
-            o = o.view(a.num_kv_heads, batch, num_q, a.group_size, a.head_dim)
-            o = o.permute(1, 2, 0, 3, 4).reshape(batch * num_q, a.num_heads, a.head_dim)
-            out.index_copy_(0, g.rows.view(-1), o)
+        if kr is not None:
+            assert kr.rows is not None
+            out.index_copy_(0, kr.rows, self._row_attention(q[kr.rows], k_cache, v_cache, kr))
+        nq_nkv = (a.num_heads + a.num_kv_heads) * a.head_dim
+        v = qkv[:, nq_nkv:].view(-1, a.num_kv_heads, a.head_dim)  # [n, kv_heads, head_dim]
+        for c in st.chunks:
+            rows = slice(c.first_row, c.first_row + c.num_rows)
+            if c.start_position == 0:
+                assert k is not None
+                # [rows, kv_heads, head_dim] -> [kv_heads, rows, head_dim] (views)
+                keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+            else:
+                context = c.start_position + c.num_rows
+                keys, values = gather_context(k_cache, v_cache, c.block_ids, context)
+            out[rows] = self._chunk_attention(q[rows], keys, values, c.start_position)
         return out
 
-    def _attend(
-        self,
-        q: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-        allowed: torch.Tensor,
-        single_query: bool,
+    def _row_attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kr: KernelRows
     ) -> torch.Tensor:
-        """Masked softmax attention, softmax in float32; ``q``: ``[kv_heads, batch, rows,
-        head_dim]``, ``keys``/``values``: ``[kv_heads, batch, keys, head_dim]``.
-
-        Chunks go through SDPA's fused CPU kernel (about 2x faster than the explicit
-        form at 300-512 rows, and it keeps bfloat16 scores in float32). For one query
-        per request (decodes) that kernel was ~10x slower than two small matmuls, which
-        are used there instead (their scores are rounded to the model dtype first, as in
-        transformers' eager attention).
-        """
-        if not single_query:
-            return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=allowed, scale=self.scale
+        """The kernel rows' queries ``[k, heads, head_dim]`` over the cache in place (the
+        kernel), or over gathered blocks (torch ops: one query per sequence)."""
+        if self.kernels is not None:
+            return self.kernels.paged_attention(
+                q, k_cache, v_cache, kr.tables, kr.seqs, kr.lens, kr.max_len, self.scale
             )
-        scores = torch.matmul(q * self.scale, keys.transpose(-1, -2)).float()
-        probs = torch.softmax(scores.masked_fill_(~allowed, -torch.inf), dim=-1).to(q.dtype)
-        return torch.matmul(probs, values)
+        return self._decode_attention(q, k_cache, v_cache, kr)
+
+    def _rope_store(
+        self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Torch-op version of the ``rope_store`` kernel; returns the rotated queries
+        ``[n, heads, head_dim]`` and keys ``[n, kv_heads, head_dim]``."""
+        a, st = self.args, self.step
+        n, hd = qkv.shape[0], a.head_dim
+        nq, nkv = a.num_heads * hd, a.num_kv_heads * hd
+        q = rotate(qkv[:, :nq].view(n, a.num_heads, hd), st.cos, st.sin)
+        k = rotate(qkv[:, nq : nq + nkv].view(n, a.num_kv_heads, hd), st.cos, st.sin)
+        v = qkv[:, nq + nkv :].view(n, a.num_kv_heads, hd)
+        bs = self.cache.block_size
+        blocks, offsets = st.slots // bs, st.slots % bs
+        # Advanced indices split by a slice put their axis first: k_cache[:, b, :, o] is
+        # [n, kv_heads, head_dim], as k is.
+        k_cache[:, blocks, :, offsets] = k
+        v_cache[:, blocks, offsets] = v.transpose(0, 1)
+        return q, k
+
+    def _decode_attention(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kr: KernelRows
+    ) -> torch.Tensor:
+        """One query per sequence (decodes) over gathered blocks, softmax in float32.
+        ``q``: ``[seqs, heads, head_dim]``; shapes depend only on ``kr.tables``' shape, so
+        a CUDA graph can capture this."""
+        a = self.args
+        seqs, width = kr.tables.shape
+        kv_heads, _, hd, bs = k_cache.shape
+        ids = kr.tables.view(-1)
+        keys_t = gather_blocks(k_cache, ids).view(kv_heads, seqs, width, hd, bs)
+        values = gather_blocks(v_cache, ids).view(kv_heads, seqs, width * bs, hd)
+        # The query heads that share a KV head are folded into the query axis, so K/V
+        # are never repeated per head: [kv_heads, seqs, group, head_dim]. Scores are taken
+        # block by block against the transposed blocks as stored (q broadcast over the
+        # blocks), so no transposing copy of K is made.
+        qg = q.view(seqs, kv_heads, a.group_size, hd).transpose(0, 1)
+        scores = torch.matmul((qg * self.scale).unsqueeze(2), keys_t)  # [.., width, group, bs]
+        scores = scores.transpose(2, 3).reshape(kv_heads, seqs, a.group_size, -1).float()
+        key_pos = torch.arange(width * bs, device=q.device)
+        hidden = key_pos[None, :] >= kr.lens[:, None]  # [seqs, keys]
+        scores = scores.masked_fill_(hidden[None, :, None, :], -torch.inf)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        o = torch.matmul(probs, values)  # [kv_heads, seqs, group, head_dim]
+        return o.transpose(0, 1).reshape(seqs, a.num_heads, hd)
+
+    def _chunk_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start_position: int
+    ) -> torch.Tensor:
+        """A prefill chunk: ``q`` ``[rows, heads, head_dim]`` over ``keys``/``values``
+        ``[kv_heads, context, head_dim]``, its whole context.
+
+        Query ``i`` sits at position ``start_position + i`` and sees keys at positions
+        ``<= start_position + i``. A chunk from position 0 is SDPA's own causal case
+        (whose fused kernel skips the masked half); a chunk that starts mid-sequence
+        passes that comparison as a mask.
+        """
+        rows, context = q.shape[0], keys.shape[1]
+        qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, rows, head_dim]
+        k, v = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, context, head_dim]
+        if start_position == 0:
+            o = F.scaled_dot_product_attention(
+                qh, k, v, is_causal=True, scale=self.scale, enable_gqa=True
+            )
+        else:
+            query_pos = torch.arange(start_position, start_position + rows, device=q.device)
+            allowed = torch.arange(context, device=q.device)[None, :] <= query_pos[:, None]
+            o = F.scaled_dot_product_attention(
+                qh, k, v, attn_mask=allowed, scale=self.scale, enable_gqa=True
+            )
+        return o[0].transpose(0, 1)  # [rows, heads, head_dim]

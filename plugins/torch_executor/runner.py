@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
-from plugins.torch_executor.model import RotaryTable, compute_logits, forward_hidden
+from plugins.torch_executor.cuda_graphs import DecodeGraphs
+from plugins.torch_executor.model import TORCH_OPS, Ops, RotaryTable, compute_logits, forward_hidden
+from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.paged import (
+    KERNEL_MAX_ROWS,
     PagedAttention,
     PagedKVCache,
     SequenceSlice,
-    plan_groups,
-    slot_mapping,
+    build_step,
 )
 from plugins.torch_executor.sampler import Sampler, SampleRow
 from plugins.torch_executor.weights import LlamaWeights
@@ -21,19 +24,35 @@ from plugins.torch_executor.weights import LlamaWeights
 
 @dataclass(frozen=True, slots=True)
 class StepLogits:
-    """Logits of the requests that sample this step: ``logits[i]`` (float32 ``[vocab]``)
-    predicts the token after ``request_ids[i]``'s last token."""
+    """Logits of the requests that sample this step: ``logits[i]`` (float32 ``[vocab]``,
+    on the CPU) predicts the token after ``request_ids[i]``'s last token."""
 
     request_ids: list[str]
     logits: torch.Tensor  # [num_sampling, vocab]
 
 
-class ModelRunner:
-    """Owns the weights, the paged KV cache and the sampler of one model instance.
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What ``ModelRunner.execute`` returns: the sampled token and, where asked, logprobs
+    of every request that sampled, and why each request that could not run did not."""
 
-    ``max_model_len`` (tokens) bounds positions; a plan entry that runs past it, names a
-    block outside the pool, or has a block table too short for its tokens fails that
-    request with a message naming it, before anything is written to the cache.
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Owns the weights, the paged KV cache and the sampler of one model instance, on the
+    weights' device.
+
+    ``max_model_len`` (tokens) bounds positions. A plan entry that runs past it, names a
+    block outside the pool, has a block table too short for its tokens, carries a token id
+    outside the vocabulary or no tokens at all cannot run: ``execute`` reports it in
+    ``failed`` and runs the rest of the plan as if it were absent (nothing of it is
+    written to the cache); ``logits`` raises ``ValueError`` naming it.
+
+    ``kernels``: the CPU kernels (``native.load_kernels``), or ``None`` for torch ops
+    only. ``cuda_graphs``: on CUDA, replay captured graphs for decode-only steps.
     """
 
     def __init__(
@@ -43,90 +62,116 @@ class ModelRunner:
         block_size: int,
         max_model_len: int,
         rng: torch.Generator,
+        kernels: Kernels | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self.weights = weights
         self.args = weights.args
+        self.device = weights.device
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.cache = PagedKVCache(weights.args, num_blocks, block_size, weights.dtype)
-        self.rope = RotaryTable(weights.args, max_model_len, weights.dtype)
+        self.kernels = kernels if self.device.type == "cpu" else None
+        self.cache = PagedKVCache(weights.args, num_blocks, block_size, weights.dtype, self.device)
+        self.rope = RotaryTable(weights.args, max_model_len, weights.dtype, self.device)
         self.sampler = Sampler(rng)
-
-    @torch.inference_mode()
-    def logits(self, plan: SchedulerOutput) -> StepLogits:
-        """Run the plan's tokens through the model, writing their K/V into the cache, and
-        return the logits of the requests with ``sample=True``."""
-        slices = []
-        row = 0
-        for s in plan.scheduled:
-            self._check(s)
-            slices.append(SequenceSlice(row, s.num_tokens, s.start_position, s.block_table))
-            row += s.num_tokens
-        token_ids = torch.tensor([t for s in plan.scheduled for t in s.token_ids])
-        positions = torch.cat([torch.arange(s.start_position, s.context_len) for s in slices])
-        attention = PagedAttention(
-            self.cache,
-            slot_mapping(slices, self.block_size),
-            plan_groups(slices, self.block_size, self.args.group_size),
-            self.args,
+        self.ops: Ops = TORCH_OPS if self.kernels is None else self.kernels.ops()
+        # The torch-op attention handles one query per sequence; the kernel any few.
+        self.kernel_max_rows = 1 if self.kernels is None else KERNEL_MAX_ROWS
+        self.graphs = (
+            DecodeGraphs(weights, self.cache, self.rope, max_model_len, capture=True)
+            if cuda_graphs and self.device.type == "cuda"
+            else None
         )
-        hidden = forward_hidden(self.weights, token_ids, positions, self.rope, attention)
-        last_rows = [
-            sl.first_row + sl.num_rows - 1
-            for sl, s in zip(slices, plan.scheduled, strict=True)
-            if s.sample
-        ]
-        ids = [s.request_id for s in plan.scheduled if s.sample]
-        if not ids:
-            return StepLogits([], torch.empty(0, self.args.vocab_size))
-        return StepLogits(ids, compute_logits(self.weights, hidden[torch.tensor(last_rows)]))
 
-    def execute(
-        self, plan: SchedulerOutput
-    ) -> tuple[dict[str, int], dict[str, TokenLogprobs], dict[str, str]]:
-        """Tokens sampled for every request with ``sample=True``, logprobs for those that
-        asked for them, and the entries this runner cannot run with the reason. A bad
-        entry fails only its own request: the rest of the plan runs as if it were absent
-        (nothing of the bad entry is written to the cache)."""
-        failed: dict[str, str] = {}
-        for s in plan.scheduled:
-            try:
-                self._check(s)
-            except ValueError as err:
-                failed[s.request_id] = str(err)
-        if failed:
-            plan = SchedulerOutput([s for s in plan.scheduled if s.request_id not in failed])
-        if plan.is_empty:
-            return {}, {}, failed
-        step = self.logits(plan)
-        sampling = {s.request_id: s for s in plan.scheduled if s.sample}
-        rows = [SampleRow(sampling[r].sampling, sampling[r].context_len) for r in step.request_ids]
-        with torch.inference_mode():
-            tokens, logprobs = self.sampler.sample(step.logits, rows)
-        sampled = dict(zip(step.request_ids, tokens, strict=True))
-        lp = {r: x for r, x in zip(step.request_ids, logprobs, strict=True) if x is not None}
-        return sampled, lp, failed
-
-    def _check(self, s: ScheduledRequest) -> None:
+    def check(self, s: ScheduledRequest) -> str | None:
+        """Why ``s`` cannot run, or ``None`` when it can."""
         if not s.token_ids:
-            raise ValueError(f"request {s.request_id!r} is scheduled with no tokens")
+            return f"request {s.request_id!r} is scheduled with no tokens"
         if s.start_position < 0 or s.context_len > self.max_model_len:
-            raise ValueError(
+            return (
                 f"request {s.request_id!r} runs positions {s.start_position}..{s.context_len - 1}"
                 f", outside the model's 0..{self.max_model_len - 1}"
             )
         needed = -(-s.context_len // self.block_size)
         if len(s.block_table) < needed:
-            raise ValueError(
+            return (
                 f"request {s.request_id!r} needs {needed} blocks for {s.context_len} tokens, "
                 f"its block table has {len(s.block_table)}"
             )
         bad = [b for b in s.block_table[:needed] if not 0 <= b < self.cache.num_blocks]
         if bad:
-            raise ValueError(
+            return (
                 f"request {s.request_id!r} names blocks {bad} outside the pool "
                 f"0..{self.cache.num_blocks - 1}"
             )
         vocab = self.args.vocab_size
         if any(not 0 <= t < vocab for t in s.token_ids):
-            raise ValueError(f"request {s.request_id!r} has token ids outside 0..{vocab - 1}")
+            return f"request {s.request_id!r} has token ids outside 0..{vocab - 1}"
+        return None
+
+    def logits(self, plan: SchedulerOutput) -> StepLogits:
+        """Run the plan's tokens through the model, writing their K/V into the cache, and
+        return the logits of the requests with ``sample=True``. Raises ``ValueError``,
+        before anything is written, if any entry cannot run."""
+        for s in plan.scheduled:
+            problem = self.check(s)
+            if problem is not None:
+                raise ValueError(problem)
+        return self._logits(plan.scheduled)
+
+    @torch.inference_mode()
+    def _logits(self, scheduled: Sequence[ScheduledRequest]) -> StepLogits:
+        ids = [s.request_id for s in scheduled if s.sample]
+        slices = []
+        row = 0
+        for s in scheduled:
+            slices.append(SequenceSlice(row, s.num_tokens, s.start_position, s.block_table))
+            row += s.num_tokens
+        token_ids = [t for s in scheduled for t in s.token_ids]
+        if self.graphs is not None and all(s.num_tokens == 1 and s.sample for s in scheduled):
+            logits = self.graphs.run(slices, token_ids)
+            if logits is not None:
+                return StepLogits(ids, logits.cpu())
+        step = build_step(
+            slices,
+            self.block_size,
+            self.rope,
+            self.cache.scratch_block,
+            self.kernel_max_rows,
+            self.device,
+        )
+        attention = PagedAttention(self.cache, step, self.args, self.rope, self.kernels)
+        tokens = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        hidden = forward_hidden(self.weights, tokens, attention, self.ops)
+        if not ids:
+            return StepLogits([], torch.empty(0, self.args.vocab_size))
+        last_rows = [
+            sl.first_row + sl.num_rows - 1
+            for sl, s in zip(slices, scheduled, strict=True)
+            if s.sample
+        ]
+        if len(last_rows) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(last_rows, device=self.device)]
+        return StepLogits(ids, compute_logits(self.weights, hidden, self.ops).cpu())
+
+    def execute(self, plan: SchedulerOutput) -> StepOutcome:
+        """Tokens sampled for every runnable request with ``sample=True``, logprobs for
+        those that asked, and the entries that could not run (see the class doc)."""
+        failed: dict[str, str] = {}
+        runnable = []
+        for s in plan.scheduled:
+            problem = self.check(s)
+            if problem is None:
+                runnable.append(s)
+            else:
+                failed[s.request_id] = problem
+        if not runnable:
+            return StepOutcome(failed=failed)
+        step = self._logits(runnable)
+        sampling = {s.request_id: s for s in runnable if s.sample}
+        rows = [SampleRow(sampling[r].sampling, sampling[r].context_len) for r in step.request_ids]
+        with torch.inference_mode():
+            tokens, logprobs = self.sampler.sample(step.logits, rows)
+        sampled = dict(zip(step.request_ids, tokens, strict=True))
+        lp = {r: x for r, x in zip(step.request_ids, logprobs, strict=True) if x is not None}
+        return StepOutcome(sampled, lp, failed)

@@ -27,6 +27,8 @@ from plugins.torch_executor.linear import Linear
 # Bump when the cached layout changes so stale caches are rebuilt, not misread.
 CACHE_FORMAT = 1
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+# Rows from which the output and down projections run on their dense weight (linear.py).
+DENSE_FROM_ROWS = 384
 
 
 class UnsupportedModelError(ModelSourceError):
@@ -167,16 +169,24 @@ class LlamaWeights:
         linears = [lin for layer in self.layers for lin in layer.linears] + [self.lm_head]
         return sum(t.numel() * t.element_size() for t in norms) + sum(x.num_bytes for x in linears)
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
     @classmethod
     def from_state_dict(
-        cls, args: ModelArgs, state: dict[str, torch.Tensor], dtype: torch.dtype
+        cls,
+        args: ModelArgs,
+        state: dict[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
     ) -> LlamaWeights:
-        """Build from Hugging Face Llama parameter names, cast to ``dtype``."""
+        """Build from Hugging Face Llama parameter names, cast to ``dtype`` on ``device``."""
 
         def take(name: str) -> torch.Tensor:
             if name not in state:
                 raise UnsupportedModelError(f"checkpoint has no tensor {name!r}")
-            return state[name].to(dtype).contiguous()
+            return state[name].to(device=device, dtype=dtype).contiguous()
 
         layers = []
         for i in range(args.num_layers):
@@ -187,10 +197,10 @@ class LlamaWeights:
                 LayerWeights(
                     input_norm=take(p + "input_layernorm.weight"),
                     qkv=Linear(torch.cat(attn, dim=0)),
-                    o=Linear(take(p + "self_attn.o_proj.weight")),
+                    o=Linear(take(p + "self_attn.o_proj.weight"), dense_from_rows=DENSE_FROM_ROWS),
                     post_norm=take(p + "post_attention_layernorm.weight"),
                     gate_up=Linear(torch.cat(mlp, dim=0)),
-                    down=Linear(take(p + "mlp.down_proj.weight")),
+                    down=Linear(take(p + "mlp.down_proj.weight"), dense_from_rows=DENSE_FROM_ROWS),
                 )
             )
         embed = take("model.embed_tokens.weight")
@@ -204,15 +214,19 @@ class LlamaWeights:
         )
 
 
-def load_weights(model: ModelConfig, cache_dir: Path, dtype: torch.dtype) -> LlamaWeights:
-    """Resolve ``model`` and load its weights in ``dtype``, dequantising a GGUF file into
-    ``cache_dir`` on first use."""
+def load_weights(
+    model: ModelConfig, cache_dir: Path, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> LlamaWeights:
+    """Resolve ``model`` and load its weights in ``dtype`` on ``device``, dequantising a
+    GGUF file into ``cache_dir`` on first use."""
     source = resolve_source(model)
     folder = source.directory if source.gguf_file is None else cached_gguf_folder(source, cache_dir)
-    return load_folder(folder, dtype)
+    return load_folder(folder, dtype, device)
 
 
-def load_folder(folder: Path, dtype: torch.dtype) -> LlamaWeights:
+def load_folder(
+    folder: Path, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> LlamaWeights:
     """Read a Hugging Face folder: ``config.json`` and one or more ``*.safetensors``."""
     config_path = folder / "config.json"
     if not config_path.exists():
@@ -224,7 +238,7 @@ def load_folder(folder: Path, dtype: torch.dtype) -> LlamaWeights:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))
-    return LlamaWeights.from_state_dict(args, state, dtype)
+    return LlamaWeights.from_state_dict(args, state, dtype, device)
 
 
 def _with_eos(args: ModelArgs, folder: Path) -> ModelArgs:

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 import torch
 
+from orchestrator.common.corpus import token_prompts
 from orchestrator.common.model_source import load_tokenizer, resolve_source
 from orchestrator.core.config import ModelConfig
 from plugins.torch_executor.weights import LlamaWeights
+from tests.e2e.generation import PROMPT_LENGTHS, reference_greedy
 from tests.e2e.models import hf_model, session_cache_dir, smollm_weights
 
 
@@ -47,3 +49,16 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def prompts(tokenizer: Any) -> list[list[int]]:
+    return token_prompts(tokenizer.encode, PROMPT_LENGTHS, seed=0)
+
+
+@pytest.fixture(scope="session")
+def greedy_references(
+    reference: Any, prompts: list[list[int]], weights_f32: LlamaWeights
+) -> list[tuple[list[int], torch.Tensor]]:
+    pad = weights_f32.args.eos_token_ids[0]
+    return [reference_greedy(reference, p, pad) for p in prompts]

@@ -9,54 +9,21 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.common.corpus import token_prompts
-from orchestrator.core.config import CacheConfig, EngineConfig, SchedulerConfig
-from orchestrator.core.engine import EngineCore
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput
 from orchestrator.core.request import SamplingParams, Submission
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.weights import LlamaWeights
+from tests.e2e.generation import (
+    BLOCK,
+    GREEDY,
+    MAX_TOKENS,
+    TIE_GAP,
+    first_divergence,
+    make_engine,
+    run_engine,
+)
 
 pytestmark = pytest.mark.slow
-
-BLOCK = 16
-GREEDY = SamplingParams(temperature=0)
-PROMPT_LENGTHS = [5, 9, 17, 23, 31, 40, 47, 55, 64, 71, 80, 90, 100, 110, 120, 127]
-# EOS is ignored so every request grows by exactly 32 tokens, two blocks: more than the
-# one block of headroom per running request the scheduler keeps, so the small pool below
-# must preempt.
-MAX_TOKENS = 32
-TIE_GAP = 1e-4  # top-2 logit gap under which float rounding may pick either token
-
-
-def run_engine(
-    engine: EngineCore, requests: list[Submission], max_steps: int = 5000
-) -> dict[str, list[int]]:
-    """Submit ``requests`` together and step until all finish; output tokens by id."""
-    for r in requests:
-        engine.add_request(r)
-    outputs: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    for _ in range(max_steps):
-        if not engine.has_work():
-            return outputs
-        for out in engine.step().outputs:
-            outputs[out.request_id] += out.new_token_ids
-    raise AssertionError(f"engine still busy after {max_steps} steps")
-
-
-def make_engine(weights: LlamaWeights, chunk: int, num_blocks: int) -> EngineCore:
-    config = EngineConfig(
-        scheduler=SchedulerConfig(chunk_size=chunk, max_batch_size=16),
-        cache=CacheConfig(block_size=BLOCK),
-        executor={"type": "torch", "dtype": "float32"},
-    )
-    executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=num_blocks, seed=0)
-    return EngineCore.from_config(config, executor=executor)
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer: Any) -> list[list[int]]:
-    return token_prompts(tokenizer.encode, PROMPT_LENGTHS, seed=0)
 
 
 def test_mixed_batch_logits_match_transformers(
@@ -103,40 +70,6 @@ def test_mixed_batch_logits_match_transformers(
     assert compared == 8
 
 
-def reference_greedy(reference: Any, prompt: list[int], pad: int) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy tokens for one prompt alone (EOS ignored), and its logits at
-    each step: ``[MAX_TOKENS, vocab]``."""
-    with torch.no_grad():
-        out = reference.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=MAX_TOKENS,
-            eos_token_id=None,
-            pad_token_id=pad,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-    tokens = out.sequences[0, len(prompt) :].tolist()
-    assert len(tokens) == MAX_TOKENS
-    return tokens, torch.cat(out.logits)
-
-
-@pytest.fixture(scope="module")
-def greedy_references(
-    reference: Any, prompts: list[list[int]], weights_f32: LlamaWeights
-) -> list[tuple[list[int], torch.Tensor]]:
-    pad = weights_f32.args.eos_token_ids[0]
-    return [reference_greedy(reference, p, pad) for p in prompts]
-
-
-def first_divergence(ours: list[int], theirs: list[int]) -> int | None:
-    for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
-        if a != b:
-            return i
-    return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
-
-
 @pytest.mark.parametrize("chunk", [16, 64, 512])
 def test_greedy_generation_matches_transformers(
     chunk: int,
@@ -148,7 +81,7 @@ def test_greedy_generation_matches_transformers(
     # so the scheduler must preempt and recompute.
     engine = make_engine(weights_f32, chunk, num_blocks=40)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
-    requests = [Submission(f"r{i}", list(p), params) for i, p in enumerate(prompts)]
+    requests = [Submission(f"r{i}", tuple(p), params) for i, p in enumerate(prompts)]
     ours = run_engine(engine, requests)
     assert engine.stats().num_preemptions > 0, "the KV pool was meant to force preemption"
     for i, (expected, logits) in enumerate(greedy_references):
@@ -177,12 +110,12 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch_of_16(
 
     batch = run_engine(
         make_engine(weights_f32, 64, num_blocks=200),
-        [Submission(f"r{i}", list(p), params(i)) for i, p in enumerate(prompts)],
+        [Submission(f"r{i}", tuple(p), params(i)) for i, p in enumerate(prompts)],
     )
     assert len({tuple(v) for v in batch.values()}) == 16
     for i in (0, 7, 15):
         alone = run_engine(
             make_engine(weights_f32, 64, num_blocks=200),
-            [Submission(f"r{i}", list(prompts[i]), params(i))],
+            [Submission(f"r{i}", tuple(prompts[i]), params(i))],
         )
         assert alone[f"r{i}"] == batch[f"r{i}"], f"r{i} sampled differently alone and in a batch"

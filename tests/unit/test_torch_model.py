@@ -12,6 +12,8 @@ import torch
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput
 from orchestrator.core.request import SamplingParams
 from plugins.torch_executor import TorchExecutor
+from plugins.torch_executor.cuda_graphs import DecodeGraphs
+from plugins.torch_executor.paged import SequenceSlice
 from plugins.torch_executor.weights import load_folder
 from tests.e2e.models import hf_model, write_tiny_llama
 
@@ -88,26 +90,86 @@ def test_mixed_batches_match_transformers(tiny_folder: Path) -> None:
 
 BAD_ENTRIES = {
     "outside the pool": ScheduledRequest("x", [1, 2], 0, [8], True, GREEDY),
-    "needs 2 blocks": ScheduledRequest("x", [1] * 5, 0, [0], True, GREEDY),
-    "outside the model's": ScheduledRequest("x", [1], 32, list(range(8)) * 2, True, GREEDY),
-    "token ids outside": ScheduledRequest("x", [101], 0, [0], True, GREEDY),
-    "no tokens": ScheduledRequest("x", [], 0, [0], True, GREEDY),
+    "needs 2 blocks": ScheduledRequest("x", [1] * 5, 0, [6], True, GREEDY),
+    "outside the model's": ScheduledRequest("x", [1], 32, [6] * 9, True, GREEDY),
+    "token ids outside": ScheduledRequest("x", [101], 0, [6], True, GREEDY),
+    "no tokens": ScheduledRequest("x", [], 0, [6], True, GREEDY),
 }
 
 
 @pytest.mark.parametrize("message", list(BAD_ENTRIES))
-def test_a_bad_plan_entry_fails_only_its_request(tiny_folder: Path, message: str) -> None:
+def test_an_entry_it_cannot_run_fails_alone(tiny_folder: Path, message: str) -> None:
+    """One bad entry among good ones: it is reported in ``failed``, nothing of it reaches
+    the cache, and the good ones get exactly the tokens they get when run alone."""
     weights = load_folder(tiny_folder, torch.float32)
     good = [
-        ScheduledRequest("a", [5, 6, 7], 0, [1], True, GREEDY),
-        ScheduledRequest("b", [9, 8], 0, [2], True, GREEDY),
+        ScheduledRequest("a", list(range(3, 12)), 0, [0, 1, 2], True, GREEDY),
+        ScheduledRequest("b", [7, 8, 9, 10, 11], 0, [3, 4], True, GREEDY),
+        ScheduledRequest("c", [5, 6, 7], 0, [5], False, GREEDY),
     ]
     alone = TorchExecutor(weights, block_size=BLOCK, num_blocks=8, max_model_len=32)
-    expected = alone.execute(SchedulerOutput(good)).sampled
+    expected = alone.execute(SchedulerOutput(good))
     executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=8, max_model_len=32)
-    result = executor.execute(SchedulerOutput([good[0], BAD_ENTRIES[message], good[1]]))
-    assert set(result.failed) == {"x"} and message in result.failed["x"]
-    assert result.sampled == expected  # the others ran exactly as without the bad entry
+    result = executor.execute(SchedulerOutput([good[0], BAD_ENTRIES[message], *good[1:]]))
+    assert list(result.failed) == ["x"] and message in result.failed["x"]
+    assert result.sampled == expected.sampled and set(result.sampled) == {"a", "b"}
+    cache = executor.runner.cache
+    assert not cache.k[0][:, 6:].any() and not cache.v[0][:, 6:].any()
+    with pytest.raises(ValueError, match=message):
+        executor.runner.logits(SchedulerOutput([BAD_ENTRIES[message]]))
+
+
+def test_a_plan_of_only_bad_entries_samples_nothing(tiny_folder: Path) -> None:
+    executor = TorchExecutor(
+        load_folder(tiny_folder, torch.float32), block_size=BLOCK, num_blocks=8
+    )
+    result = executor.execute(SchedulerOutput([BAD_ENTRIES["outside the pool"]]))
+    assert result.sampled == {} and list(result.failed) == ["x"]
+
+
+def test_kernels_and_torch_ops_agree(tiny_folder: Path) -> None:
+    """The CPU kernels and the torch-op path give the same logits on the mixed steps."""
+    weights = load_folder(tiny_folder, torch.float32)
+    rng = random.Random(2)
+    sequences = {rid: [rng.randrange(101) for _ in range(25)] for rid in "abcd"}
+    tables = {rid: list(range(8 * i, 8 * i + 7)) for i, rid in enumerate("abcd")}
+    native = TorchExecutor(weights, block_size=BLOCK, num_blocks=64)
+    if native.runner.kernels is None:
+        pytest.skip("the CPU kernels cannot be built here (no C++ compiler)")
+    reference = TorchExecutor(weights, block_size=BLOCK, num_blocks=64, kernels="torch")
+    assert reference.runner.kernels is None
+    ours = run_steps(native, sequences, tables)
+    theirs = run_steps(reference, sequences, tables)
+    for (rid, pos, a), (_, _, b) in zip(ours, theirs, strict=True):
+        assert (a - b).abs().max().item() < 1e-5, (rid, pos)
+
+
+def test_bucketed_decode_forward_matches_the_eager_one(tiny_folder: Path) -> None:
+    """The forward CUDA graphs capture (batch and block tables padded to power-of-two
+    buckets, padding written to the scratch block), run here without a graph."""
+    weights = load_folder(tiny_folder, torch.float32)
+    rng = random.Random(3)
+    eager = TorchExecutor(weights, block_size=BLOCK, num_blocks=64, kernels="torch")
+    bucketed = TorchExecutor(weights, block_size=BLOCK, num_blocks=64, kernels="torch")
+    runner = bucketed.runner
+    graphs = DecodeGraphs(weights, runner.cache, runner.rope, runner.max_model_len, capture=False)
+    prompts = {f"r{i}": [rng.randrange(101) for _ in range(4 + 5 * i)] for i in range(5)}
+    tables = {rid: list(range(10 * i, 10 * i + 9)) for i, rid in enumerate(prompts)}
+    prefill = SchedulerOutput(
+        [ScheduledRequest(r, p, 0, tables[r], True, GREEDY) for r, p in prompts.items()]
+    )
+    for executor in (eager, bucketed):
+        executor.runner.logits(prefill)
+    decode = [ScheduledRequest(r, [9], len(p), tables[r], True, GREEDY) for r, p in prompts.items()]
+    expected = eager.runner.logits(SchedulerOutput(decode)).logits
+    slices = [SequenceSlice(i, 1, s.start_position, s.block_table) for i, s in enumerate(decode)]
+    got = graphs.run(slices, [9] * len(decode))
+    assert got is not None and got.shape == expected.shape
+    assert (got - expected).abs().max().item() < 1e-5
+    assert list(graphs.graphs) == [(8, 8)]  # 5 requests -> 8 rows; at most 7 blocks -> 8
+    # Padded rows wrote only the scratch block: the cache matches the eager one's pool.
+    for k_eager, k_bucketed in zip(eager.runner.cache.k, runner.cache.k, strict=True):
+        assert torch.allclose(k_eager[:, :64], k_bucketed[:, :64], atol=1e-6)
 
 
 def test_max_model_len_defaults_to_the_model_and_may_only_shrink(tiny_folder: Path) -> None:

@@ -1,19 +1,25 @@
-"""Paged KV layout and attention against a dense reference on random tensors."""
+"""Paged KV layout and attention against a dense reference on random tensors, through
+the CPU kernels and through torch ops alone."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import random
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from plugins.torch_executor.model import RotaryTable, rotate
+from plugins.torch_executor.native import Kernels, load_kernels
 from plugins.torch_executor.paged import (
     PagedAttention,
     PagedKVCache,
     SequenceSlice,
-    build_group,
-    plan_groups,
+    build_step,
+    gather_context,
     slot_mapping,
 )
 from plugins.torch_executor.weights import ModelArgs
@@ -23,7 +29,7 @@ ARGS = ModelArgs(
     hidden_size=48,
     num_heads=6,
     num_kv_heads=2,
-    head_dim=8,
+    head_dim=16,
     intermediate_size=32,
     vocab_size=50,
     rms_norm_eps=1e-6,
@@ -35,42 +41,45 @@ ARGS = ModelArgs(
 )
 
 
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> Kernels:
+    loaded = load_kernels(Path(tmp_path_factory.mktemp("kernels")))
+    if loaded is None:
+        pytest.skip("the CPU kernels cannot be built here (no C++ compiler)")
+    return loaded
+
+
 def test_slot_mapping_follows_block_tables() -> None:
     slices = [SequenceSlice(0, 3, 3, [5, 2]), SequenceSlice(3, 1, 0, [7])]
-    assert slot_mapping(slices, block_size=4).tolist() == [23, 8, 9, 28]
+    assert slot_mapping(slices, block_size=4) == [23, 8, 9, 28]
 
 
-def test_mask_is_causal_from_the_chunk_start_and_hides_padding() -> None:
-    # Two chunks of two rows: one at positions 5..6 (2 blocks), one at 0..1 (1 block).
-    group = build_group(
-        [SequenceSlice(0, 2, 5, [3, 1]), SequenceSlice(2, 2, 0, [4])], block_size=4, group_size=1
-    )
-    allowed = group.allowed[0]  # [batch, queries, keys]
-    assert allowed.shape == (2, 2, 8)
-    assert allowed[0, 0].tolist() == [True] * 6 + [False] * 2
-    assert allowed[0, 1].tolist() == [True] * 7 + [False]
-    assert allowed[1, 0].tolist() == [True] + [False] * 7
-    assert group.block_ids.tolist() == [3, 1, 4, 0]
-    assert group.rows.tolist() == [[0, 1], [2, 3]]
-
-
-def test_mask_repeats_per_query_head_in_a_gqa_group() -> None:
-    group = build_group([SequenceSlice(0, 2, 0, [0])], block_size=4, group_size=3)
-    allowed = group.allowed[0, 0]  # [queries * group, keys]
-    assert [row.sum().item() for row in allowed] == [1, 1, 1, 2, 2, 2]
-
-
-def test_groups_split_by_row_count() -> None:
+def test_step_splits_kernel_rows_from_chunks() -> None:
+    rope = RotaryTable(ARGS, 64, torch.float32)
     slices = [
-        SequenceSlice(0, 1, 9, [0, 1, 2]),
-        SequenceSlice(1, 4, 0, [3]),
-        SequenceSlice(5, 1, 2, [4]),
-        SequenceSlice(6, 4, 4, [5, 6]),
+        SequenceSlice(0, 1, 9, [0, 1, 2]),  # decode
+        SequenceSlice(1, 20, 0, [3, 4, 5, 6, 7]),  # chunk from position 0
+        SequenceSlice(21, 2, 4, [8, 9]),  # small chunk mid-sequence
     ]
-    groups = plan_groups(slices, block_size=4, group_size=3)
-    assert sorted(g.rows.shape for g in groups) == [(2, 1), (2, 4)]
-    with pytest.raises(ValueError, match="equal row counts"):
-        build_group(slices[:2], block_size=4, group_size=3)
+    step = build_step(slices, 4, rope, scratch_block=99, kernel_max_rows=4)
+    assert step.num_tokens == 23
+    assert step.positions[:3].tolist() == [9, 0, 1]
+    kr = step.kernel_rows
+    assert kr is not None and kr.rows is not None
+    assert kr.rows.tolist() == [0, 21, 22]
+    assert kr.seqs.tolist() == [0, 1, 1]
+    assert kr.lens.tolist() == [10, 5, 6]
+    assert kr.tables.tolist() == [[0, 1, 2], [8, 9, 99]]  # padded with the scratch block
+    assert [(c.first_row, c.num_rows, c.start_position) for c in step.chunks] == [(1, 20, 0)]
+    assert torch.equal(step.cos[:, 0], rope.cos[step.positions])
+    only_decodes = build_step(slices[:1], 4, rope, scratch_block=99, kernel_max_rows=1)
+    assert only_decodes.kernel_rows is not None and only_decodes.kernel_rows.rows is None
+
+
+def test_scratch_block_is_past_the_pool() -> None:
+    cache = PagedKVCache(ARGS, 5, 4, torch.float32)
+    assert cache.scratch_block == 5
+    assert cache.k[0].shape == (2, 6, 16, 4) and cache.v[0].shape == (2, 6, 4, 16)
 
 
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -85,40 +94,114 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
     return out.transpose(0, 1)  # [n, heads, d]
 
 
-def test_chunked_paged_attention_equals_dense_attention() -> None:
+# head_dim 64 with 16-token blocks takes the kernel's vectorised path, the others its
+# general one.
+@pytest.mark.parametrize(("block", "head_dim"), [(4, 16), (16, 16), (16, 64)])
+@pytest.mark.parametrize("use_kernels", [True, False])
+def test_paged_attention_equals_dense_attention(
+    block: int, head_dim: int, use_kernels: bool, request: pytest.FixtureRequest
+) -> None:
+    """Three steps over scattered blocks: prefixes (a long chunk from 0, short ones),
+    then mid-sequence chunks long and short, then decodes; every row against dense
+    causal attention over the request's whole sequence."""
+    kernels = request.getfixturevalue("kernels") if use_kernels else None
+    args = dataclasses.replace(ARGS, head_dim=head_dim)
     torch.manual_seed(0)
     rng = random.Random(0)
-    block, num_blocks = 4, 32
-    cache = PagedKVCache(ARGS, num_blocks, block, torch.float32)
-    lengths = {"a": 19, "b": 6, "c": 11}
+    num_blocks = 48
+    cache = PagedKVCache(args, num_blocks, block, torch.float32)
+    rope = RotaryTable(args, 128, torch.float32)
+    lengths = {"a": 61, "b": 9, "c": 40, "d": 3}
+    splits = [{"a": 30, "b": 5, "c": 2, "d": 1}, {"a": 60, "b": 8, "c": 39, "d": 2}]
     free = list(range(num_blocks))
     rng.shuffle(free)
     tables = {r: [free.pop() for _ in range(-(-n // block))] for r, n in lengths.items()}
-    q = {r: torch.randn(n, ARGS.num_heads, ARGS.head_dim) for r, n in lengths.items()}
-    k = {r: torch.randn(n, ARGS.num_kv_heads, ARGS.head_dim) for r, n in lengths.items()}
-    v = {r: torch.randn(n, ARGS.num_kv_heads, ARGS.head_dim) for r, n in lengths.items()}
-    # Two steps: prefixes first, then the rest (a mid-sequence chunk and decodes).
-    splits = {"a": 7, "b": 5, "c": 10}
-    for step in (0, 1):
-        spans = {r: (0, splits[r]) if step == 0 else (splits[r], n) for r, n in lengths.items()}
+    width = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
+    qkv = {r: torch.randn(n, width) for r, n in lengths.items()}
+    bounds = [{r: 0 for r in lengths}, *splits, lengths]
+    nq, nkv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    for before, after in itertools.pairwise(bounds):
+        spans = {r: (before[r], after[r]) for r in lengths}
         slices, row = [], 0
         for r, (a, b) in spans.items():
             slices.append(SequenceSlice(row, b - a, a, tables[r]))
             row += b - a
-        attention = PagedAttention(
-            cache, slot_mapping(slices, block), plan_groups(slices, block, ARGS.group_size), ARGS
-        )
-        out = attention(
-            0,
-            torch.cat([q[r][a:b] for r, (a, b) in spans.items()]),
-            torch.cat([k[r][a:b] for r, (a, b) in spans.items()]),
-            torch.cat([v[r][a:b] for r, (a, b) in spans.items()]),
-        )
+        max_rows = 1 if kernels is None else 16
+        step = build_step(slices, block, rope, cache.scratch_block, max_rows)
+        attention = PagedAttention(cache, step, args, rope, kernels)
+        out = attention(0, torch.cat([qkv[r][a:b] for r, (a, b) in spans.items()]))
         for s, (r, (a, b)) in zip(slices, spans.items(), strict=True):
-            expected = dense_reference(q[r][a:b], k[r][:b], v[r][:b], a)
+            full = qkv[r][:b]
+            pos = torch.arange(b)
+            cos, sin = rope.cos[pos].unsqueeze(1), rope.sin[pos].unsqueeze(1)
+            q = rotate(full[:, :nq].view(b, args.num_heads, -1), cos, sin)
+            k = rotate(full[:, nq : nq + nkv].view(b, args.num_kv_heads, -1), cos, sin)
+            v = full[:, nq + nkv :].view(b, args.num_kv_heads, -1)
+            expected = dense_reference(q[a:b], k, v, a)
             got = out[s.first_row : s.first_row + s.num_rows]
-            assert torch.allclose(got, expected, atol=1e-5), (step, r)
+            assert torch.allclose(got, expected, atol=1e-5), (r, a, b)
+            keys, values = gather_context(cache.k[0], cache.v[0], torch.tensor(tables[r]), b)
+            assert torch.allclose(keys.transpose(0, 1), k, atol=1e-6)
+            assert torch.equal(values.transpose(0, 1), v)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_bfloat16_kernel_attention_stays_close_to_float32(kernels: Kernels, head_dim: int) -> None:
+    """The bfloat16 kernels (head_dim 64: the vectorised attention, 16: the general one)
+    against float32 attention on the same bfloat16 inputs."""
+    args = dataclasses.replace(ARGS, head_dim=head_dim)
+    torch.manual_seed(2)
+    cache = PagedKVCache(args, 16, 16, torch.bfloat16)
+    rope = RotaryTable(args, 128, torch.bfloat16)
+    width = (args.num_heads + 2 * args.num_kv_heads) * head_dim
+    qkv = torch.randn(45, width).to(torch.bfloat16)
+    table = [9, 3, 14]
+    prefill = [SequenceSlice(0, 44, 0, table)]
+    step = build_step(prefill, 16, rope, cache.scratch_block, kernel_max_rows=16)
+    PagedAttention(cache, step, args, rope, kernels)(0, qkv[:44])
+    decode = build_step([SequenceSlice(0, 1, 44, table)], 16, rope, cache.scratch_block, 16)
+    out = PagedAttention(cache, decode, args, rope, kernels)(0, qkv[44:])
+    keys, values = gather_context(cache.k[0], cache.v[0], torch.tensor(table), 45)
+    q, _ = kernels.rope_store(
+        qkv[44:], decode.positions, rope.cos, rope.sin, decode.slots, cache.k[0], cache.v[0],
+        args.num_heads,
+    )  # fmt: skip
+    expected = dense_reference(
+        q.float(), keys.transpose(0, 1).float(), values.transpose(0, 1).float(), 44
+    )
+    assert (out.float() - expected).abs().max().item() < 3e-2
+
+
+def test_kernels_round_like_torch_in_bfloat16(kernels: Kernels) -> None:
+    """RMSNorm and RoPE round where transformers' bfloat16 graph rounds: bit for bit."""
+    torch.manual_seed(1)
+    x = torch.randn(5, 48).to(torch.bfloat16)
+    w = torch.randn(48).to(torch.bfloat16)
+    xf = x.float()
+    expected = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16)
+    assert torch.equal(kernels.rms_norm(x, w, 1e-6), expected)
+    rope = RotaryTable(ARGS, 64, torch.bfloat16)
+    cache = PagedKVCache(ARGS, 4, 4, torch.bfloat16)
+    width = (ARGS.num_heads + 2 * ARGS.num_kv_heads) * ARGS.head_dim
+    qkv = torch.randn(3, width).to(torch.bfloat16)
+    positions, slots = torch.tensor([0, 7, 13]), torch.tensor([1, 6, 15])
+    q, k = kernels.rope_store(
+        qkv, positions, rope.cos, rope.sin, slots, cache.k[0], cache.v[0], ARGS.num_heads, True
+    )
+    nq, nkv = ARGS.num_heads * ARGS.head_dim, ARGS.num_kv_heads * ARGS.head_dim
+    cos, sin = rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1)
+    assert torch.equal(q, rotate(qkv[:, :nq].view(3, ARGS.num_heads, -1), cos, sin))
+    assert k is not None
+    assert torch.equal(k, rotate(qkv[:, nq : nq + nkv].view(3, ARGS.num_kv_heads, -1), cos, sin))
 
 
 def test_bytes_per_block_counts_k_and_v_of_every_layer() -> None:
-    assert PagedKVCache.bytes_per_block(ARGS, 16, torch.bfloat16) == 2 * 1 * 2 * 8 * 16 * 2
+    assert PagedKVCache.bytes_per_block(ARGS, 16, torch.bfloat16) == 2 * 1 * 2 * 16 * 16 * 2
+
+
+def test_a_failed_kernel_build_falls_back_to_torch_ops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    assert load_kernels(tmp_path) is None
+    assert not list((tmp_path / "torch_executor" / "kernels").glob("*.so"))

@@ -1,0 +1,250 @@
+"""The torch executor's steps against this machine's roofline, measured in one run.
+
+Measures, interleaved round by round so every figure sees the same background load:
+
+- copy bandwidth: a 256 MiB tensor copy, bytes read plus bytes written over its time;
+- matmul rates (bfloat16 and float32): the best of a 2048x2048x2048 GEMM and this
+  model's four layer GEMMs at 512 rows, i.e. the highest rate the machine showed;
+- the executor's decode step at batch 1, 16 and 64 with 256 tokens of context, and a
+  prefill chunk of 256 and of 512 tokens (from position 0, sampling its last token).
+
+Steps are timed as the median over ``--repeats`` rounds; the machine's rates as the best
+round (the roof is what the machine can do: on a machine shared with other work, a
+median copy slows down more than a step does, which would flatter the steps).
+
+Roofline of a decode step: the weight bytes plus the KV bytes it reads (``batch *
+(context + 1)`` tokens) over the copy bandwidth. Roofline of a prefill chunk: its FLOPs
+(every layer's projections for each token, causal attention's QK and PV, the LM head for
+the sampled row) over the matmul rate of its dtype. Each step prints as a percentage of
+its roofline (100% = at the roof). The last line, for the first dtype in ``--dtypes``,
+is:
+
+    decode B=1 <a>%, B=64 <b>% of roofline; prefill <c>% of bf16 matmul
+
+where ``c`` is the lower of the two chunks. Run:
+``.venv/bin/python benchmarks/roofline.py`` (about 2 minutes on 2 cores);
+``--device cuda`` measures a GPU the same way (its own copy bandwidth and GEMM rates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from orchestrator.common.model_source import resolve_source
+from orchestrator.core import ModelConfig, SamplingParams, ScheduledRequest, SchedulerOutput
+from plugins.torch_executor import TorchExecutor
+from plugins.torch_executor.config import DEFAULT_CACHE_DIR
+from plugins.torch_executor.paged import PagedKVCache
+from plugins.torch_executor.weights import LlamaWeights, cached_gguf_folder, load_folder
+
+BLOCK_SIZE = 16
+DECODE_BATCHES = (1, 16, 64)
+DECODE_CONTEXT = 256  # tokens already cached when the decode step runs
+PREFILL_CHUNKS = (256, 512)
+GEMM_SIZE = 2048
+GREEDY = SamplingParams(temperature=0)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds one call of ``fn`` takes, waiting for the device to finish."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+@dataclass
+class Probe:
+    """One measured thing: a call, and what one call is worth (bytes or FLOPs)."""
+
+    name: str
+    fn: Callable[[], object]
+    work: float
+    samples: list[float]
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def best_rate(self) -> float:
+        """Work per second in the fastest round."""
+        return self.work / min(self.samples)
+
+
+def decode_plan(batch: int, context: int) -> SchedulerOutput:
+    """One decode token per request at position ``context``; request i owns blocks
+    ``[i * k, (i + 1) * k)``. Cache contents do not change the step's cost."""
+    k = -(-(context + 1) // BLOCK_SIZE)
+    return SchedulerOutput(
+        [
+            ScheduledRequest(f"d{i}", [17], context, list(range(i * k, (i + 1) * k)), True, GREEDY)
+            for i in range(batch)
+        ]
+    )
+
+
+def prefill_plan(tokens: int) -> SchedulerOutput:
+    table = list(range(-(-tokens // BLOCK_SIZE)))
+    return SchedulerOutput([ScheduledRequest("p", [17] * tokens, 0, table, True, GREEDY)])
+
+
+def layer_params(weights: LlamaWeights) -> int:
+    return sum(lin.out_features * lin.in_features for lay in weights.layers for lin in lay.linears)
+
+
+def prefill_flops(weights: LlamaWeights, tokens: int) -> float:
+    """Projections for every token, the LM head for the sampled row, and causal
+    attention: query i sees i + 1 keys, 2 FLOPs per multiply-add in QK and in PV."""
+    a = weights.args
+    lm_head = weights.lm_head.out_features * weights.lm_head.in_features
+    keys_seen = tokens * (tokens + 1) // 2
+    attention = 4 * keys_seen * a.num_heads * a.head_dim * a.num_layers
+    return 2 * tokens * layer_params(weights) + 2 * lm_head + attention
+
+
+def decode_bytes(weights: LlamaWeights, batch: int, context: int) -> float:
+    kv = PagedKVCache.bytes_per_block(weights.args, 1, weights.dtype) * batch * (context + 1)
+    return weights.num_bytes + kv
+
+
+def gemm_probes(weights: LlamaWeights, device: torch.device) -> list[Probe]:
+    """The square GEMM and the model's layer GEMMs at 512 rows, in the weights' dtype."""
+    dtype = weights.dtype
+    a = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
+    b = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
+    probes = [Probe(f"gemm {GEMM_SIZE}^3", lambda: a @ b, 2 * GEMM_SIZE**3, [])]
+    layer = weights.layers[0]
+    rows = max(PREFILL_CHUNKS)
+    x = torch.randn(rows, weights.args.hidden_size, device=device).to(dtype)
+    y = torch.randn(rows, weights.args.intermediate_size, device=device).to(dtype)
+
+    def model_gemms() -> None:
+        layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
+
+    flops = 2 * rows * sum(lin.out_features * lin.in_features for lin in layer.linears)
+    probes.append(Probe(f"layer GEMMs x{rows}", model_gemms, flops, []))
+    return probes
+
+
+def step_probe(name: str, executor: TorchExecutor, plan: SchedulerOutput, work: float) -> Probe:
+    return Probe(name, lambda: executor.execute(plan), work, [])
+
+
+def run(
+    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"]
+) -> tuple[Probe, list[Probe], list[Probe], list[Probe]]:
+    device = weights.device
+    src = torch.empty(2**28, dtype=torch.uint8, device=device).fill_(1)  # 256 MiB
+    dst = torch.empty_like(src)
+    copy = Probe("copy 256 MiB", lambda: dst.copy_(src), 2 * src.numel(), [])
+    gemms = gemm_probes(weights, device)
+    blocks = max(DECODE_BATCHES) * -(-(DECODE_CONTEXT + 1) // BLOCK_SIZE)
+    blocks = max(blocks, -(-max(PREFILL_CHUNKS) // BLOCK_SIZE))
+    executor = TorchExecutor(weights, block_size=BLOCK_SIZE, num_blocks=blocks, kernels=kernels)
+    decodes = [
+        step_probe(
+            f"decode B={batch}",
+            executor,
+            decode_plan(batch, DECODE_CONTEXT),
+            decode_bytes(weights, batch, DECODE_CONTEXT),
+        )
+        for batch in DECODE_BATCHES
+    ]
+    prefills = [
+        step_probe(f"prefill {n}", executor, prefill_plan(n), prefill_flops(weights, n))
+        for n in PREFILL_CHUNKS
+    ]
+    probes = [copy, *gemms, *decodes, *prefills]
+    for p in probes:  # warm-up: first-touch allocations, kernel selection, graph capture
+        p.fn()
+        p.fn()
+    for _ in range(repeats):
+        for p in probes:
+            p.samples.append(timed(p.fn, device))
+    executor.shutdown()
+    return copy, gemms, decodes, prefills
+
+
+def report(
+    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"]
+) -> tuple[float, float, float]:
+    """Print one dtype's table; return (decode B=1 %, decode B=64 %, worst prefill %)."""
+    name = str(weights.dtype).removeprefix("torch.")
+    copy, gemms, decodes, prefills = run(weights, repeats, kernels)
+    bandwidth = copy.best_rate
+    matmul = max(g.best_rate for g in gemms)
+    print(
+        f"{name}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (median "
+        f"{copy.work / copy.seconds / 1e9:.1f}); matmul "
+        + ", ".join(f"{g.name} {g.best_rate / 1e12:.2f} TFLOP/s" for g in gemms)
+        + f" (roof {matmul / 1e12:.2f})"
+    )
+    print(f"  {'step':14} {'ms':>8} {'roof ms':>8} {'of roof':>8}   bound by")
+    pct: dict[str, float] = {}
+    for p in decodes:
+        roof = p.work / bandwidth
+        pct[p.name] = 100 * roof / p.seconds
+        print(
+            f"  {p.name:14} {p.seconds * 1e3:8.2f} {roof * 1e3:8.2f} {pct[p.name]:7.0f}%"
+            f"   {p.work / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s"
+        )
+    for p in prefills:
+        roof = p.work / matmul
+        pct[p.name] = 100 * roof / p.seconds
+        print(
+            f"  {p.name:14} {p.seconds * 1e3:8.2f} {roof * 1e3:8.2f} {pct[p.name]:7.0f}%"
+            f"   {p.work / 1e9:.1f} GFLOP at {matmul / 1e12:.2f} TFLOP/s"
+            f" ({p.work / p.seconds / 1e12:.2f} achieved)"
+        )
+    worst_prefill = min(pct[p.name] for p in prefills)
+    return pct["decode B=1"], pct[f"decode B={max(DECODE_BATCHES)}"], worst_prefill
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--dtypes", default="bfloat16,float32", help="first one: last line")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--kernels", choices=("auto", "torch"), default="auto", help="the executor's option"
+    )
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = cached_gguf_folder(resolve_source(ModelConfig()), Path(args.cache_dir).expanduser())
+    print(
+        f"SmolLM2-135M-Instruct on {args.device}, {args.threads} threads, torch "
+        f"{torch.__version__}, kernels={args.kernels}, {args.repeats} interleaved rounds "
+        f"(steps: medians, rates: best); decode at context {DECODE_CONTEXT}, block size {BLOCK_SIZE}"
+    )
+    results = {}
+    for name in args.dtypes.split(","):
+        weights = load_folder(folder, getattr(torch, name), args.device)
+        results[name] = report(weights, args.repeats, args.kernels)
+        del weights
+    first = args.dtypes.split(",")[0]
+    b1, b64, prefill = results[first]
+    short = {"bfloat16": "bf16", "float32": "fp32"}[first]
+    print(
+        f"decode B=1 {b1:.0f}%, B={max(DECODE_BATCHES)} {b64:.0f}% of roofline; "
+        f"prefill {prefill:.0f}% of {short} matmul"
+    )
+
+
+if __name__ == "__main__":
+    main()
