@@ -254,11 +254,12 @@ class AsyncEngine:
                         return
                     commands, self._inbox = self._inbox, []
                 self._apply(commands)
-                if core.has_work():
-                    step = core.step()
-                    if step.outputs:
-                        self._to_loop(self._deliver, step.outputs)
+                step = core.step() if core.has_work() else None
+                # Counters before outputs, so a client holding its last token also sees
+                # the engine's state after that step (e.g. on /metrics).
                 self._stats = core.stats()
+                if step is not None and step.outputs:
+                    self._to_loop(self._deliver, step.outputs)
         except Exception:
             logger.exception("the engine loop crashed")
             dead = EngineDeadError("the engine stopped after an internal error")

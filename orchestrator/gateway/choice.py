@@ -30,6 +30,8 @@ class TokenLogprob:
 class ChoiceDelta:
     """What one step adds to a choice. ``text_offset`` is where ``text`` starts in the
     choice's full text (characters). ``finish_reason`` is set on the choice's last delta.
+    ``num_output_tokens`` is the choice's token count through this delta (a consumer may
+    read deltas later than they were made, so it cannot ask the choice).
     """
 
     index: int
@@ -37,6 +39,7 @@ class ChoiceDelta:
     text_offset: int
     logprobs: list[TokenLogprob]
     finish_reason: FinishReason | None
+    num_output_tokens: int = 0
 
     @property
     def is_empty(self) -> bool:
@@ -96,7 +99,9 @@ class ChoiceState:
         ]
         offset = self.text_length
         self.text_length += len(safe)
-        return ChoiceDelta(self.index, safe, offset, logprobs, self.finish_reason)
+        return ChoiceDelta(
+            self.index, safe, offset, logprobs, self.finish_reason, self.num_output_tokens
+        )
 
     def record(self, arrival_time: float, error: str | None = None) -> RequestRecord:
         """This choice as a latency record (engine-clock seconds)."""

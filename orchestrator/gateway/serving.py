@@ -128,11 +128,17 @@ class _Job:
         """Choices were cut short, and not by an error: the client went away."""
         return self.error is None and not all(c.finished for c in self.choices)
 
-    def usage(self) -> Usage:
-        """Tokens so far. A prompt counts once however many choices it has; its cached
-        tokens are the most any of its choices found in the prefix cache."""
+    def usage(self, completion_tokens: int | None = None) -> Usage:
+        """Tokens so far (``completion_tokens`` instead of the choices' current count, for
+        a chunk that reports usage as of itself). A prompt counts once however many
+        choices it has; its cached tokens are the most any of its choices found in the
+        prefix cache."""
         prompt = sum(len(p) for p in self.prompts)
-        completion = sum(c.num_output_tokens for c in self.choices)
+        completion = (
+            sum(c.num_output_tokens for c in self.choices)
+            if completion_tokens is None
+            else completion_tokens
+        )
         cached = 0
         for start in range(0, len(self.choices), self.choices_per_prompt):
             group = self.choices[start : start + self.choices_per_prompt]
@@ -460,10 +466,14 @@ class OpenAIServing:
         try:
             for chunk in fmt.stream_start(len(job.choices)):
                 yield _sse_data(chunk, job.usage() if continuous_usage else None)
+            # Tokens per choice as of the deltas sent so far: the choices themselves may
+            # already be further along than the delta being sent.
+            sent: dict[int, int] = {}
             async with contextlib.aclosing(self._deltas(job)) as stream:
                 async for delta in stream:
+                    sent[delta.index] = delta.num_output_tokens
                     if not delta.is_empty:
-                        usage = job.usage() if continuous_usage else None
+                        usage = job.usage(sum(sent.values())) if continuous_usage else None
                         yield _sse_data(fmt.stream_chunk(delta), usage)
             if include_usage:
                 yield _sse_data(fmt.stream_usage(job.usage()))
