@@ -46,12 +46,6 @@ class ModelSpec(StrictModel):
         head = 0 if self.tie_word_embeddings else embed
         return self.num_layers * self.params_per_layer + embed + head + self.hidden_size
 
-    def kv_bytes_per_token(self, kv_dtype: DType, tp: int = 1) -> float:
-        """KV cache bytes per token per GPU: layers x 2 (K and V) x KV heads x head dim
-        x dtype size / TP (KV heads are split across the TP ranks)."""
-        per = self.num_layers * 2 * self.num_kv_heads * self.head_dim * DTYPE_BYTES[kv_dtype]
-        return per / tp
-
 
 class GPUSpec(StrictModel):
     """Peak figures of one GPU. Bandwidths in bytes/s, FLOP rates in FLOP/s (dense),

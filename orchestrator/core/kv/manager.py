@@ -77,10 +77,6 @@ class KVCacheManager:
     def num_used_blocks(self) -> int:
         return self.pool.num_used
 
-    def usage(self) -> float:
-        """Fraction of blocks held by live requests (cached-only blocks count as free)."""
-        return self.pool.num_used / self.pool.num_blocks
-
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
