@@ -16,12 +16,17 @@ For the attention output and down projections, oneDNN's packed kernels fell behi
 dense ``addmm`` from about 384 rows (at 512 rows: 259 vs 161 us for the output
 projection, 607 vs 393 us for the down projection, bfloat16, 2 threads), so those layers
 keep the dense weight as well (``dense_from_rows``) and switch to it for long chunks.
+
+On CPU every matmul runs at a bucketed row count (``buckets.padded_rows``), so oneDNN's
+per-shape primitives stay few.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from plugins.torch_executor.buckets import pad_dim, padded_rows
 
 # oneDNN picks its blocking from an expected row count; 64 was as fast as the best
 # choice from 1 to 512 rows in both dtypes.
@@ -59,15 +64,26 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[rows, in_features]`` -> ``[rows, out_features]``."""
+        rows = x.shape[0]
+        if x.device.type == "cpu":
+            x = pad_dim(x, 0, padded_rows(rows))
         if self._use_packed(x):
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
-        assert self._dense is not None
-        return F.linear(x, self._dense)
+            y = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+        else:
+            assert self._dense is not None
+            y = F.linear(x, self._dense)
+        return y[:rows]
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W.T``: ``x`` ``[rows, in_features]``, ``residual`` ``[rows,
         out_features]`` (contiguous) -> a new ``[rows, out_features]``."""
+        rows = x.shape[0]
+        if x.device.type == "cpu":
+            bucket = padded_rows(rows)
+            x, residual = pad_dim(x, 0, bucket), pad_dim(residual, 0, bucket)
         if self._use_packed(x):
-            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed, None, "add")
-        assert self._dense is not None
-        return torch.addmm(residual, x, self._dense.t())
+            y = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed, None, "add")
+        else:
+            assert self._dense is not None
+            y = torch.addmm(residual, x, self._dense.t())
+        return y[:rows]

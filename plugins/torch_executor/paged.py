@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from plugins.torch_executor.buckets import pad_dim, padded_context, padded_rows
 from plugins.torch_executor.model import RotaryTable, rotate
 from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.weights import ModelArgs
@@ -356,6 +357,13 @@ class PagedAttention:
         passes that comparison as a mask.
         """
         rows, context = q.shape[0], keys.shape[1]
+        if q.device.type == "cpu":
+            # Bucketed shapes (buckets.py). Padded keys sit past every real query's
+            # position, so the causal rule masks them; padded queries are dropped.
+            padded = padded_rows(rows)
+            width = padded if start_position == 0 else padded_context(context)
+            q = pad_dim(q, 0, padded)
+            keys, values = pad_dim(keys, 1, width), pad_dim(values, 1, width)
         qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, rows, head_dim]
         k, v = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, context, head_dim]
         if start_position == 0:
@@ -363,9 +371,10 @@ class PagedAttention:
                 qh, k, v, is_causal=True, scale=self.scale, enable_gqa=True
             )
         else:
-            query_pos = torch.arange(start_position, start_position + rows, device=q.device)
-            allowed = torch.arange(context, device=q.device)[None, :] <= query_pos[:, None]
+            n_queries, n_keys = qh.shape[2], k.shape[2]
+            query_pos = torch.arange(start_position, start_position + n_queries, device=q.device)
+            allowed = torch.arange(n_keys, device=q.device)[None, :] <= query_pos[:, None]
             o = F.scaled_dot_product_attention(
                 qh, k, v, attn_mask=allowed, scale=self.scale, enable_gqa=True
             )
-        return o[0].transpose(0, 1)  # [rows, heads, head_dim]
+        return o[0, :, :rows].transpose(0, 1)  # [rows, heads, head_dim]
