@@ -138,8 +138,10 @@ class Request:
     # its first token is due (its arrival when it has no class) and its TPOT target.
     ttft_deadline: float = 0.0
     tpot_target_s: float | None = None
-    # The TTFT (s) admission predicted for it, when SLO admission ran.
+    # The TTFT (s) admission predicted for it, when SLO admission ran, and the prompt
+    # tokens it found in the prefix cache then (the prediction does not count them).
     predicted_ttft_s: float | None = None
+    num_expected_cached_tokens: int = 0
 
     @classmethod
     def from_submission(cls, submission: Submission) -> Request:
@@ -173,6 +175,13 @@ class Request:
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_expected_prefill_tokens(self) -> int:
+        """Tokens still to compute before the next one is sampled, less those SLO
+        admission expects the prefix cache to supply while the request has run nothing."""
+        cached = self.num_expected_cached_tokens if self.num_computed_tokens == 0 else 0
+        return self.num_uncomputed_tokens - cached
 
     def token_ids(self, start: int, stop: int) -> list[int]:
         """Token ids at positions ``[start, stop)`` of prompt followed by output."""

@@ -13,6 +13,7 @@ from orchestrator.core import EngineConfig, OverloadedError, SchedulerConfig
 from orchestrator.core.errors import AdmissionError
 from orchestrator.core.predictor import ModelStepTimePredictor, StepFeatures
 from orchestrator.core.request import FinishReason, RequestStatus
+from orchestrator.core.sched.admission import RETURN_GRACE_S, RETURN_RATE_WEIGHT, Bookings
 from orchestrator.core.sched.ordering import SloOrdering
 from orchestrator.core.sched.waiting import WaitingQueue
 from tests.factories import (
@@ -208,8 +209,65 @@ def test_reserved_returns_count_as_work_ahead() -> None:
         sched.add_request(make_request(64, slo_class="interactive", request_id="y"), now=0.0)
     # Its own excess (0.15 s) plus x's booked prefill (192 tokens: 3 steps, 0.3 s).
     assert second.value.retry_after_s == pytest.approx(0.15 + 0.3)
-    # Once x's return is due, the reservation lapses.
-    sched.add_request(make_request(64, slo_class="interactive", request_id="z"), now=0.06)
+    # Past its due time, x's reservation holds for RETURN_GRACE_S (a client rounds
+    # Retry-After up to whole seconds), then lapses, as every other does.
+    other = [5] * 64
+    with pytest.raises(OverloadedError):
+        sched.add_request(make_request(prompt=other, slo_class="interactive"), now=0.06)
+    late = make_request(prompt=[6] * 64, slo_class="interactive", arrival_time=100.0)
+    sched.add_request(late, now=100.0)
+
+
+def test_bookings_learn_how_many_clients_come_back() -> None:
+    bookings = Bookings()
+    for i in range(10):
+        bookings.book(float(i), 100, key=i)
+    assert bookings.expected_ahead(until=9.0) == [100] * 10  # trusted at first
+    # Client 0 comes back; 1..5 never do (their bookings lapse by t = 5 + grace).
+    assert bookings.settle(0.5, key=0) == 0.0
+    bookings.settle(5.0 + RETURN_GRACE_S, key=-1)
+    assert len(bookings) == 4
+    rate = (1 - RETURN_RATE_WEIGHT) ** 5
+    assert bookings.return_rate == pytest.approx(rate)
+    assert bookings.expected_ahead(until=9.0) == [100] * round(rate * 4)
+    assert bookings.expected_tokens() == pytest.approx(rate * 400)
+
+
+def test_a_returning_request_does_not_wait_behind_its_own_reservation() -> None:
+    sched = slo_scheduler(chunk_size=64, admission={"reserve_retries": True})
+    prompt = [9] * 192
+    with pytest.raises(OverloadedError) as first:
+        sched.add_request(make_request(prompt=prompt, slo_class="interactive"), now=0.0)
+    assert first.value.retry_after_s == pytest.approx(0.05)
+    # Back with the same prompt: its booking is its own, so only its 3 steps count
+    # (counted as work ahead it would predict 0.6 s and be told 0.65 s).
+    with pytest.raises(OverloadedError) as again:
+        back = make_request(prompt=prompt, slo_class="interactive", arrival_time=0.05)
+        sched.add_request(back, now=0.05)
+    assert again.value.retry_after_s == pytest.approx(0.05)
+
+
+def test_prompt_tokens_in_the_prefix_cache_are_not_predicted_as_work() -> None:
+    engine, clock = make_engine(
+        step_time_s=0.1,
+        exact_predictor=True,
+        max_num_tokens=64,
+        chunk_size=64,
+        slo_classes=CLASSES,
+        admission={"type": "slo", "min_retry_after_s": 0.0},
+    )
+    sched = engine.scheduler
+    prompt = [(3 * i + 1) % 1000 for i in range(192)]
+    first = make_request(prompt=prompt, slo_class="batch")
+    sched.add_request(first, now=clock.now())
+    assert first.predicted_ttft_s == pytest.approx(0.3)  # 3 steps of 64 tokens
+    run_to_completion(engine, clock)
+    again = make_request(prompt=prompt, slo_class="interactive", arrival_time=clock.now())
+    sched.add_request(again, now=clock.now())
+    # 176 of 192 tokens are cached (11 blocks of 16; the last block is computed): one step.
+    assert again.num_expected_cached_tokens == 176
+    assert again.predicted_ttft_s == pytest.approx(0.1)
+    assert sched.kv.probe_cached_tokens(make_request(prompt=[1, 2, 3])) == 0
 
 
 def test_queue_limit_retry_after_is_the_predicted_drain_time() -> None:

@@ -139,6 +139,23 @@ class KVCacheManager:
             hits.pop()
         return hits
 
+    def probe_cached_tokens(self, request: Request) -> int:
+        """Tokens ``find_cached_prefix`` would supply to ``request`` now (a multiple of
+        the block size; 0 without prefix caching). Records nothing, so a request refused
+        after the probe leaves no trace; hashing stops at the first block not cached."""
+        if not self.enable_prefix_caching:
+            return 0
+        bs = self.block_size
+        parent, hits = self._root, 0
+        for i in range(request.num_tokens // bs):
+            parent = block_hash(parent, request.token_ids(i * bs, (i + 1) * bs))
+            if self.pool.lookup(parent) is None:
+                break
+            hits += 1
+        if hits and hits * bs >= request.num_tokens:
+            hits -= 1  # as find_cached_prefix: one token is always computed
+        return hits * bs
+
     def allocate(
         self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None
     ) -> list[int] | None:

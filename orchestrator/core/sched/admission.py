@@ -15,7 +15,8 @@ from ``Forecast``, a drain model of the scheduler's current state:
   prompt, at most ``chunk_size`` per step for itself) has run, and, when the batch is
   full, once enough running requests have finished (their remaining ``max_tokens``,
   one per step) to free its slot;
-- a request arriving mid-step waits half a step on average for the next one.
+- a request submitted while a step is in flight (the simulator's arrivals; the gateway
+  submits between steps) first waits for that step to end.
 
 The model is deliberately simple (no KV pressure, outputs assumed to run to
 ``max_tokens``, which overestimates waits on early stops); the engine tracks its
@@ -24,6 +25,7 @@ error against the TTFTs that follow (``EngineStats.ttft_prediction_error``).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
@@ -39,14 +41,20 @@ if TYPE_CHECKING:
 
 # A replay longer than this many steps predicts far past any TTFT target anyway.
 _MAX_REPLAY_STEPS = 20_000
+# How long past its due time a refused request's booking is kept (s): Retry-After is in
+# whole seconds, rounded up, and a client takes a moment to send again.
+RETURN_GRACE_S = 2.0
+# Weight of each settled booking (came back, or lapsed) in the learned return rate.
+RETURN_RATE_WEIGHT = 0.1
 
 
 class Forecast:
-    """The scheduler's drain rate at one moment: ``prefill_per_step`` prefill tokens per
-    step beside the current decode load, each step timed by the step-time predictor for
-    the prefill it actually carries."""
+    """The scheduler's drain rate at ``now`` (s, the engine's clock): ``prefill_per_step``
+    prefill tokens per step beside the current decode load, each step timed by the
+    step-time predictor for the prefill it actually carries, after ``in_flight_s`` for
+    a step still running."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, now: float) -> None:
         cfg = scheduler.config
         running = scheduler.running
         self.num_running = len(running)
@@ -67,6 +75,7 @@ class Forecast:
         self._predict = scheduler.predictor.predict
         self._running = running
         self._remaining: list[int] | None = None
+        self.in_flight_s = max(0.0, scheduler.step_end_time - now)
         self.arrival_tokens_per_s = scheduler.admitted_tokens_per_s()
 
     def step_s(self, prefill_tokens: int) -> float:
@@ -103,7 +112,7 @@ class Forecast:
         """Coarse seconds until ``tokens`` of waiting prefill in ``requests`` requests have
         been admitted (full budgets per step, and the batch cap); O(1) apart from one sort,
         for the queue-limit Retry-After where the queue may be long."""
-        t = self.prefill_s(self.running_prefill + tokens)
+        t = self.in_flight_s + self.prefill_s(self.running_prefill + tokens)
         short = requests - (self.max_batch_size - self.num_running)
         if short > 0:
             t = max(t, self._slot_wait_steps(short) * self.step_s(0))
@@ -130,7 +139,7 @@ class Forecast:
         decodes, context = self.num_running - len(active), self.decode_context
         budget, chunk = self.prefill_per_step, self.chunk_size
         last_s = self.step_s(0)
-        t = 0.5 * last_s if self.num_running else 0.0
+        t = self.in_flight_s
         step, nxt = 0, 0
         for _ in range(_MAX_REPLAY_STEPS):
             # This step's prefill: tokens, chunks, cached positions read, attention pairs.
@@ -215,7 +224,7 @@ class QueueLimitAdmission:
             raise OverloadedError(
                 f"server busy: {count} requests already waiting "
                 f"(max_waiting_requests={cfg.max_waiting_requests})",
-                self._retry_after(scheduler, tokens, excess),
+                self._retry_after(scheduler, now, tokens, excess),
                 code="queue_full",
             )
         if waiting.num_tokens + request.num_prompt_tokens > cfg.max_waiting_tokens:
@@ -225,35 +234,88 @@ class QueueLimitAdmission:
                 f"server busy: {waiting.num_tokens} prompt tokens already waiting "
                 f"(max_waiting_tokens={cfg.max_waiting_tokens})",
                 self._retry_after(
-                    scheduler, excess_tokens, math.ceil(excess_tokens / max(per_request, 1.0))
+                    scheduler, now, excess_tokens, math.ceil(excess_tokens / max(per_request, 1.0))
                 ),
                 code="queue_tokens_full",
             )
 
-    def _retry_after(self, scheduler: Scheduler, tokens: int, requests: int) -> float:
-        drain = Forecast(scheduler).drain_s(tokens, requests)
+    def _retry_after(self, scheduler: Scheduler, now: float, tokens: int, requests: int) -> float:
+        drain = Forecast(scheduler, now).drain_s(tokens, requests)
         return max(self.config.admission.min_retry_after_s, drain)
+
+
+class Bookings:
+    """Refused requests told to come back, each with its due time (s, engine clock),
+    prompt tokens and prompt key (a hash of its prompt tokens, how its return is
+    recognised).
+
+    Not every client returns, so each booking counts as expected work with the learned
+    ``return_rate``: the share of recent bookings whose prompt came back before they
+    lapsed (``RETURN_GRACE_S`` past due), an exponential average starting at 1 (clients
+    are trusted to honour Retry-After until they are seen not to). A client that never
+    retries thus stops holding capacity others could use.
+    """
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, int]] = []  # (due, tokens, key), by due
+        self.return_rate = 1.0
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def _settle(self, returned: bool) -> None:
+        self.return_rate += RETURN_RATE_WEIGHT * (float(returned) - self.return_rate)
+
+    def settle(self, now: float, key: int) -> float | None:
+        """Drop lapsed bookings and, when ``key`` is booked, that booking (its client is
+        back); returns the returning booking's due time, else ``None``."""
+        kept: list[tuple[float, int, int]] = []
+        mine: float | None = None
+        for booking in self._due:
+            if mine is None and booking[2] == key:
+                mine = booking[0]
+                self._settle(True)
+            elif booking[0] + RETURN_GRACE_S <= now:
+                self._settle(False)
+            else:
+                kept.append(booking)
+        self._due = kept
+        return mine
+
+    def expected_ahead(self, until: float) -> list[int]:
+        """Prompt tokens of the bookings due by ``until`` that are expected back: the
+        earliest ``return_rate`` share of them."""
+        due = [tokens for t, tokens, _ in self._due if t <= until]
+        return due[: round(self.return_rate * len(due))]
+
+    def expected_tokens(self) -> float:
+        """Prompt tokens of every booking, weighted by the return rate."""
+        return self.return_rate * sum(tokens for _, tokens, _ in self._due)
+
+    def book(self, due: float, tokens: int, key: int) -> None:
+        bisect.insort(self._due, (due, tokens, key), key=lambda b: b[0])
 
 
 class SloAdmission(QueueLimitAdmission):
     """Queue limits, then a TTFT prediction against the request's class target.
 
-    The prediction is the time already waited plus ``Forecast.wait_s`` behind the
+    The prediction is the time already waited plus ``Forecast.first_token_s`` behind the
     waiting requests that rank ahead of it in policy order (and, with
     ``reserve_retries``, the refused requests told to come back within its target). If
     it exceeds ``ttft_margin`` x the class's TTFT target, the request is moved to
     ``downgrade_to`` when that class's target is met, else refused with code
     ``ttft_unattainable`` and ``Retry-After`` = the predicted excess over the target
     plus the prefill time of the refused requests already told to return (each refused
-    client takes the next place in that virtual queue). A request without an SLO class
+    client takes the next place in that virtual queue, ``Bookings``). Prompt
+    tokens the prefix cache holds now are not counted as work, for the request or for
+    those ahead of it (``num_expected_cached_tokens``). A request without an SLO class
     is only subject to the queue limits. The prediction is stored on the request
     (``predicted_ttft_s``) so the engine can track its error.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
-        # Refused requests' predicted returns: (due time s, prompt tokens).
-        self._returns: list[tuple[float, int]] = []
+        self.bookings = Bookings()
 
     def admit(self, scheduler: Scheduler, request: Request, now: float) -> None:
         super().admit(scheduler, request, now)
@@ -261,27 +323,34 @@ class SloAdmission(QueueLimitAdmission):
         if request.slo_class is None:
             return
         target = cfg.slo_classes[request.slo_class]
-        forecast = Forecast(scheduler)
-        own = request.num_uncomputed_tokens
+        forecast = Forecast(scheduler, now)
+        cached = scheduler.kv.probe_cached_tokens(request)
+        own = request.num_uncomputed_tokens - cached
         key = scheduler.ordering.admission_key(request)
-        ahead = [r.num_uncomputed_tokens for r in scheduler.waiting.ahead_of(key)]
+        ahead = [r.num_expected_prefill_tokens for r in scheduler.waiting.ahead_of(key)]
         budget_s = cfg.admission.ttft_margin * target.ttft_s
-        if cfg.admission.reserve_retries and self._returns:
-            self._returns = [(due, n) for due, n in self._returns if due > now]
-            ahead += [n for due, n in self._returns if due <= now + budget_s]
+        reserve = cfg.admission.reserve_retries
+        prompt_key = hash(tuple(request.prompt_token_ids)) if reserve else 0
+        if reserve and len(self.bookings):
+            # A returning request waits only behind bookings due before its own.
+            own_due = self.bookings.settle(now, prompt_key)
+            until = now + budget_s if own_due is None else own_due
+            ahead += self.bookings.expected_ahead(until)
         waited = now - request.arrival_time
         predicted = waited + forecast.first_token_s(ahead, own)
         request.predicted_ttft_s = predicted
+        request.num_expected_cached_tokens = cached
         if predicted <= budget_s:
             return
         if self._downgrade(scheduler, request, predicted):
             return
         request.predicted_ttft_s = None
-        booked = sum(n for _, n in self._returns)
+        request.num_expected_cached_tokens = 0
+        booked = round(self.bookings.expected_tokens()) if reserve else 0
         drain = predicted - budget_s + forecast.prefill_s(booked)
         retry_after = max(cfg.admission.min_retry_after_s, drain)
-        if cfg.admission.reserve_retries:
-            self._returns.append((now + retry_after, own))
+        if reserve:
+            self.bookings.book(now + retry_after, own, prompt_key)
         raise OverloadedError(
             f"server busy: predicted time to first token {predicted * 1e3:,.0f} ms exceeds "
             f"the {target.ttft_ms:g} ms target of SLO class {request.slo_class!r}"

@@ -108,6 +108,9 @@ class Scheduler:
         self.ttft_errors_by_class: dict[str, ErrorWindow] = {}
         self.rejections: dict[tuple[str | None, str], int] = {}
         self.num_shed = 0
+        # When the last step's tokens were (or, on a virtual clock, will be) out: a
+        # request submitted before then waits for that step to end.
+        self.step_end_time = 0.0
         # (arrival s, prompt tokens) of the last admitted requests: the admitted-token rate.
         self._recent_admits: deque[tuple[float, int]] = deque(maxlen=64)
         self.running: list[Request] = []  # best first by ordering.running_key
@@ -486,6 +489,7 @@ class Scheduler:
         requests that hit a stop token or their length limit (freeing their blocks).
         ``now`` is when the step's tokens became available."""
         outputs: list[RequestOutput] = []
+        self.step_end_time = now
         if self._pending_outputs:
             outputs, self._pending_outputs = self._pending_outputs, []
         finished = False
