@@ -40,22 +40,15 @@ die() {
 [[ -f $CONFIG ]] || die "$CONFIG not found"
 git rev-parse --verify --quiet "$BASELINE_REF^{commit}" >/dev/null ||
     die "baseline $BASELINE_REF is not a commit here; set BASELINE_REF"
-"$PY" -c "import socket, sys; sys.exit(socket.socket().connect_ex(('127.0.0.1', $PORT)) == 0)" ||
-    die "port $PORT is already in use; set PORT"
+# shellcheck source=benchmarks/lib/serving.sh
+source benchmarks/lib/serving.sh
+require_free_port
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
 BASE_TREE=$(mktemp -d "${TMPDIR:-/tmp}/serve-burst-baseline.XXXXXX")
 git worktree add --detach --quiet "$BASE_TREE" "$BASELINE_REF"
 
-SERVER_PID=""
-stop_server() {
-    if [[ -n $SERVER_PID ]]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-        SERVER_PID=""
-    fi
-}
 cleanup() {
     stop_server
     git worktree remove --force "$BASE_TREE" 2>/dev/null || rm -rf "$BASE_TREE"
@@ -67,47 +60,14 @@ side_config() { # TREE SIDE: the tree's own config, with NUM_THREADS applied if 
         echo "$1/$CONFIG"
         return
     fi
-    "$PY" - "$1/$CONFIG" "$OUT/$2.yaml" "$NUM_THREADS" <<'PY'
-import sys
-
-import yaml
-
-src, dst, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with open(src) as f:
-    config = yaml.safe_load(f)
-config.setdefault("executor", {})["num_threads"] = threads
-with open(dst, "w") as f:
-    yaml.safe_dump(config, f, sort_keys=False)
-PY
+    edit_config "$1/$CONFIG" "$OUT/$2.yaml" \
+        "config.setdefault('executor', {})['num_threads'] = $NUM_THREADS"
     echo "$OUT/$2.yaml"
 }
 
 start_server() { # TREE LOG CONFIG: the tree's own code (first on sys.path)
-    (cd "$1" && exec env PYTHONPATH="$1" "$PY" -m orchestrator.cli serve \
-        --config "$3" --host 127.0.0.1 --port "$PORT") >"$2" 2>&1 &
-    SERVER_PID=$!
-    "$PY" - "$PORT" "$READY_TIMEOUT_S" "$SERVER_PID" <<'PY' || die "server did not start; see $2"
-import os
-import sys
-import time
-
-import httpx
-
-port, timeout_s, pid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-deadline = time.monotonic() + timeout_s
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        sys.exit("the server exited before it was ready")
-    try:
-        if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-            sys.exit(0)
-    except httpx.HTTPError:
-        pass
-    time.sleep(1)
-sys.exit(f"the server was not ready after {timeout_s:g} s")
-PY
+    launch_server "$2" bash -c 'cd "$1" && exec env PYTHONPATH="$1" "$2" -m orchestrator.cli serve \
+        --config "$3" --host 127.0.0.1 --port "$4"' _ "$1" "$PY" "$3" "$PORT"
 }
 
 bench() { # DIR ARGS...

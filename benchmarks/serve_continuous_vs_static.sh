@@ -40,60 +40,17 @@ die() {
 "$ORCH" serve --help >/dev/null 2>&1 ||
     die "'$ORCH serve' is not available: this benchmark needs the gateway (orchestrator serve)"
 "$ORCH" bench --help >/dev/null 2>&1 || die "'$ORCH bench' is not available"
-"$PY" -c "import socket, sys; sys.exit(socket.socket().connect_ex(('127.0.0.1', $PORT)) == 0)" ||
-    die "port $PORT is already in use; set PORT"
+# shellcheck source=benchmarks/lib/serving.sh
+source benchmarks/lib/serving.sh
+require_free_port
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
 STATIC_CONFIG="$OUT/serve-static.yaml"
-"$PY" - "$CONFIG" "$STATIC_CONFIG" <<'PY'
-import sys
-
-import yaml
-
-src, dst = sys.argv[1:]
-with open(src) as f:
-    config = yaml.safe_load(f)
-config.setdefault("scheduler", {})["batching"] = "static"
-with open(dst, "w") as f:
-    yaml.safe_dump(config, f, sort_keys=False)
-PY
-
-SERVER_PID=""
-stop_server() {
-    if [[ -n $SERVER_PID ]]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-        SERVER_PID=""
-    fi
-}
-trap stop_server EXIT
+edit_config "$CONFIG" "$STATIC_CONFIG" 'config.setdefault("scheduler", {})["batching"] = "static"'
 
 start_server() { # CONFIG LOG
-    "$ORCH" serve --config "$1" --host 127.0.0.1 --port "$PORT" >"$2" 2>&1 &
-    SERVER_PID=$!
-    "$PY" - "$PORT" "$READY_TIMEOUT_S" "$SERVER_PID" <<'PY' || die "server did not start; see $2"
-import os
-import sys
-import time
-
-import httpx
-
-port, timeout_s, pid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-deadline = time.monotonic() + timeout_s
-while time.monotonic() < deadline:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        sys.exit("the server exited before it was ready")
-    try:
-        if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-            sys.exit(0)
-    except httpx.HTTPError:
-        pass
-    time.sleep(1)
-sys.exit(f"the server was not ready after {timeout_s:g} s")
-PY
+    launch_server "$2" "$ORCH" serve --config "$1" --host 127.0.0.1 --port "$PORT"
 }
 
 bench() { # LABEL ARGS...
