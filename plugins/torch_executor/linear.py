@@ -46,6 +46,7 @@ class Linear:
         self._packed: torch.Tensor | None = None
         self._dense: torch.Tensor | None = weight
         self._dense_from_rows = dense_from_rows
+        self._bucketed = weight.device.type == "cpu"  # see buckets.py
         if pack and weight.device.type == "cpu" and torch.backends.mkldnn.is_available():
             self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, _ROWS_HINT)
             if dense_from_rows is None:
@@ -65,25 +66,26 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[rows, in_features]`` -> ``[rows, out_features]``."""
         rows = x.shape[0]
-        if x.device.type == "cpu":
-            x = pad_dim(x, 0, padded_rows(rows))
+        padded = padded_rows(rows) if self._bucketed else rows
+        if padded != rows:
+            x = pad_dim(x, 0, padded)
         if self._use_packed(x):
             y = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         else:
             assert self._dense is not None
             y = F.linear(x, self._dense)
-        return y[:rows]
+        return y if padded == rows else y[:rows]
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + x @ W.T``: ``x`` ``[rows, in_features]``, ``residual`` ``[rows,
         out_features]`` (contiguous) -> a new ``[rows, out_features]``."""
         rows = x.shape[0]
-        if x.device.type == "cpu":
-            bucket = padded_rows(rows)
-            x, residual = pad_dim(x, 0, bucket), pad_dim(residual, 0, bucket)
+        padded = padded_rows(rows) if self._bucketed else rows
+        if padded != rows:
+            x, residual = pad_dim(x, 0, padded), pad_dim(residual, 0, padded)
         if self._use_packed(x):
             y = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed, None, "add")
         else:
             assert self._dense is not None
             y = torch.addmm(residual, x, self._dense.t())
-        return y[:rows]
+        return y if padded == rows else y[:rows]
