@@ -35,7 +35,10 @@ class EngineStats:
     ``step_time_error`` and ``ttft_prediction_error`` are the median relative errors
     ``|predicted - actual| / actual`` of the step-time predictor over recent steps and of
     SLO admission's TTFT predictions over recent first tokens (``None`` before the first);
-    ``num_shed`` counts waiting requests ended past their TTFT deadline."""
+    ``num_shed`` counts waiting requests ended past their TTFT deadline.
+    ``rejections``: ``(slo_class, code, count)`` of refusals since start (class ``""``
+    for requests without one); ``ttft_prediction_error_by_class``: ``(slo_class,
+    error)`` for each class with a prediction so far."""
 
     num_running: int
     num_waiting: int
@@ -45,6 +48,8 @@ class EngineStats:
     step_time_error: float | None = None
     ttft_prediction_error: float | None = None
     num_shed: int = 0
+    rejections: tuple[tuple[str, str, int], ...] = ()
+    ttft_prediction_error_by_class: tuple[tuple[str, float], ...] = ()
 
 
 def _checked_info(config: EngineConfig, info: ExecutorInfo) -> tuple[int, int]:
@@ -170,6 +175,17 @@ class EngineCore:
             step_time_error=self.step_time_errors.median,
             ttft_prediction_error=s.ttft_errors.median,
             num_shed=s.num_shed,
+            rejections=tuple(
+                (slo_class or "", code, count)
+                for (slo_class, code), count in sorted(
+                    s.rejections.items(), key=lambda item: (item[0][0] or "", item[0][1])
+                )
+            ),
+            ttft_prediction_error_by_class=tuple(
+                (name, error)
+                for name, window in sorted(s.ttft_errors_by_class.items())
+                if (error := window.median) is not None
+            ),
         )
 
     def shutdown(self) -> None:

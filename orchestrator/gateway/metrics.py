@@ -75,6 +75,24 @@ class _EngineCollector(Collector):
             "Waiting requests ended past their SLO class's TTFT deadline since start.",
             value=stats.num_shed,
         )
+        rejections = CounterMetricFamily(
+            f"{PREFIX}_slo_rejections",
+            "Submissions refused with 429 since start, by SLO class ('' for none) and "
+            "reason code (ttft_unattainable, queue_full, queue_tokens_full).",
+            labels=["slo_class", "code"],
+        )
+        for slo_class, code, count in stats.rejections:
+            rejections.add_metric([slo_class, code], count)
+        yield rejections
+        by_class = GaugeMetricFamily(
+            f"{PREFIX}_ttft_prediction_error_by_class",
+            "Median relative error of SLO admission's TTFT predictions per SLO class "
+            "(recent window).",
+            labels=["slo_class"],
+        )
+        for slo_class, class_error in stats.ttft_prediction_error_by_class:
+            by_class.add_metric([slo_class], class_error)
+        yield by_class
         # Median |predicted - actual| / actual over recent steps / first tokens; absent
         # until there is one.
         errors = {

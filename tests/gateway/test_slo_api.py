@@ -54,6 +54,11 @@ def test_slo_admission_refuses_with_code_and_computed_retry_after() -> None:
         # The header picks the class too; batch's 60 s target admits it.
         ok = client.post("/v1/completions", json=body(), headers={"X-SLO-Class": "batch"})
         assert ok.status_code == 200
+        text = client.get("/metrics").text
+        refused = (
+            'orchestrator_slo_rejections_total{code="ttft_unattainable",slo_class="interactive"}'
+        )
+        assert f"{refused} 1.0" in text
 
 
 def test_prediction_errors_are_exported() -> None:
@@ -62,6 +67,7 @@ def test_prediction_errors_are_exported() -> None:
         text = client.get("/metrics").text
         assert "orchestrator_step_time_prediction_error " in text
         assert "orchestrator_ttft_prediction_error " in text
+        assert "orchestrator_ttft_prediction_error_by_class{slo_class=" in text
         assert "orchestrator_requests_shed_total 0.0" in text
 
 
