@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from orchestrator.common.capacity import kv_bytes_per_token_per_gpu
 from orchestrator.common.specs import DTYPE_BYTES, DType, GPUSpec, ModelSpec
-from orchestrator.core import SchedulerOutput, StepCost, StepFeatures
+from orchestrator.core import SchedulerOutput, StepCost, StepFeatures, features_of
 
 # Activations cross the interconnect in 16-bit whatever the weight format.
 ACTIVATION_BYTES = 2.0
@@ -101,25 +101,11 @@ class CostModel:
 
     def step_cost(self, plan: SchedulerOutput) -> StepCost:
         """Breakdown of the time ``plan`` takes. An empty plan costs nothing."""
-        if not plan.scheduled:
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        tokens = 0
-        samples = 0
-        context = 0  # positions whose K/V is read (cached before this step)
-        pairs = 0  # (query, attended position) pairs over all new tokens, causal
-        for s in plan.scheduled:
-            n = len(s.token_ids)
-            p = s.start_position
-            tokens += n
-            samples += s.sample
-            context += p
-            pairs += n * p + n * (n + 1) // 2
-        return self._cost(tokens, samples, context, pairs)
+        return self.features_cost(features_of(plan))
 
     def features_cost(self, f: StepFeatures) -> StepCost:
-        """Breakdown of a step with features ``f``: the same arithmetic as ``step_cost``,
-        so ``features_cost(features_of(plan)) == step_cost(plan)`` (the simulator's
-        step-time predictor is exact)."""
+        """Breakdown of a step with features ``f``; ``step_cost`` is this of its plan's
+        features, so the simulator's step-time predictor is exact."""
         if not f.num_seqs:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         return self._cost(f.num_tokens, f.num_samples, f.context_tokens, f.attention_pairs)

@@ -257,6 +257,10 @@ class ErrorWindow:
     def __init__(self, size: int = 512) -> None:
         self._errors: deque[float] = deque(maxlen=size)
         self.count = 0
+        # The median as of ``_median_count`` observations: the engine snapshots its
+        # stats every step, so a window is sorted again only once it has changed.
+        self._median: float | None = None
+        self._median_count = 0
 
     def observe(self, predicted: float, actual: float) -> None:
         if actual > 0:
@@ -265,8 +269,11 @@ class ErrorWindow:
 
     @property
     def median(self) -> float | None:
-        if not self._errors:
-            return None
-        ordered = sorted(self._errors)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        if self._median_count != self.count:
+            ordered = sorted(self._errors)
+            mid = len(ordered) // 2
+            self._median = (
+                ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            )
+            self._median_count = self.count
+        return self._median

@@ -116,3 +116,17 @@ def test_calibration_is_not_capped() -> None:
     rng = random.Random(8)
     samples = [(f, 100 * truth(f)) for f in (random_features(rng) for _ in range(50))]
     assert fit_prior(samples).overhead_s == pytest.approx(0.4, rel=0.05)
+
+
+def test_error_window_median_follows_new_observations() -> None:
+    errors = ErrorWindow(size=3)
+    assert errors.median is None
+    errors.observe(1.1, 1.0)  # 10%
+    assert errors.median == pytest.approx(0.1)
+    errors.observe(1.5, 1.0)  # 50%: the cached median must not be served again
+    assert errors.median == pytest.approx(0.3)
+    errors.observe(2.0, 0.0)  # actual 0: skipped, median unchanged
+    assert errors.median == pytest.approx(0.3)
+    for _ in range(3):  # the window drops the old errors
+        errors.observe(3.0, 1.0)
+    assert errors.median == pytest.approx(2.0)

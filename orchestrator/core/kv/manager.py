@@ -9,6 +9,7 @@ and a new request can reuse blocks another request computed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from orchestrator.core.kv.block_pool import BlockPool
@@ -107,37 +108,46 @@ class KVCacheManager:
             record.snapshot = tuple(record.blocks)
         return record.snapshot
 
+    def _hash_chain(
+        self, request: Request, start: int = 0, parent: BlockHash | None = None
+    ) -> Iterator[BlockHash]:
+        """Hashes of the request's full blocks from block ``start`` on (``parent``: the
+        hash of block ``start - 1``), computed lazily."""
+        bs = self.block_size
+        parent = self._root if parent is None else parent
+        for i in range(start, request.num_tokens // bs):
+            parent = block_hash(parent, request.token_ids(i * bs, (i + 1) * bs))
+            yield parent
+
     def _hashes(self, request: Request) -> list[BlockHash]:
-        """Hashes of every full block of the request's known tokens."""
+        """Hashes of every full block of the request's known tokens, kept on its record."""
         record = self._records.get(request.request_id)
         if record is None:
             record = self._records[request.request_id] = _RequestBlocks()
         hashes = record.hashes
-        bs = self.block_size
-        full = request.num_tokens // bs
-        parent = hashes[-1] if hashes else self._root
-        for i in range(len(hashes), full):
-            parent = block_hash(parent, request.token_ids(i * bs, (i + 1) * bs))
-            hashes.append(parent)
+        hashes.extend(self._hash_chain(request, len(hashes), hashes[-1] if hashes else None))
         return hashes
 
-    def find_cached_prefix(self, request: Request) -> list[int]:
-        """Cached blocks matching the longest prefix of a request that holds no blocks.
-
-        At least one token is always left to compute, so the step that finishes the
-        request's known tokens can sample the next one.
-        """
-        if not self.enable_prefix_caching:
-            return []
+    def _cached_run(self, hashes: Iterable[BlockHash], num_tokens: int) -> list[int]:
+        """Cached blocks of the longest prefix of ``hashes``, leaving at least one of
+        ``num_tokens`` to compute, so the step that finishes the known tokens can
+        sample the next one."""
         hits = []
-        for h in self._hashes(request):
+        for h in hashes:
             block = self.pool.lookup(h)
             if block is None:
                 break
             hits.append(block)
-        if hits and len(hits) * self.block_size >= request.num_tokens:
+        if hits and len(hits) * self.block_size >= num_tokens:
             hits.pop()
         return hits
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Cached blocks matching the longest prefix of a request that holds no blocks
+        (at least one token is always left to compute)."""
+        if not self.enable_prefix_caching:
+            return []
+        return self._cached_run(self._hashes(request), request.num_tokens)
 
     def probe_cached_tokens(self, request: Request) -> int:
         """Tokens ``find_cached_prefix`` would supply to ``request`` now (a multiple of
@@ -145,16 +155,9 @@ class KVCacheManager:
         after the probe leaves no trace; hashing stops at the first block not cached."""
         if not self.enable_prefix_caching:
             return 0
-        bs = self.block_size
-        parent, hits = self._root, 0
-        for i in range(request.num_tokens // bs):
-            parent = block_hash(parent, request.token_ids(i * bs, (i + 1) * bs))
-            if self.pool.lookup(parent) is None:
-                break
-            hits += 1
-        if hits and hits * bs >= request.num_tokens:
-            hits -= 1  # as find_cached_prefix: one token is always computed
-        return hits * bs
+        return len(self._cached_run(self._hash_chain(request), request.num_tokens)) * (
+            self.block_size
+        )
 
     def allocate(
         self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None

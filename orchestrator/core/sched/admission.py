@@ -338,14 +338,13 @@ class SloAdmission(QueueLimitAdmission):
             ahead += self.bookings.expected_ahead(until)
         waited = now - request.arrival_time
         predicted = waited + forecast.first_token_s(ahead, own)
+        # Kept by an admitted request only; a refused one is dropped whole.
         request.predicted_ttft_s = predicted
         request.num_expected_cached_tokens = cached
         if predicted <= budget_s:
             return
         if self._downgrade(scheduler, request, predicted):
             return
-        request.predicted_ttft_s = None
-        request.num_expected_cached_tokens = 0
         booked = round(self.bookings.expected_tokens()) if reserve else 0
         drain = predicted - budget_s + forecast.prefill_s(booked)
         retry_after = max(cfg.admission.min_retry_after_s, drain)
