@@ -18,18 +18,22 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.weights import LayerWeights, LlamaWeights, ModelArgs
 
 
 @dataclass(frozen=True, slots=True)
 class Ops:
-    """The elementwise parts of a layer: ``norm(x, weight, eps)``, RMSNorm of ``x``
-    ``[rows, hidden]``; ``silu_mul(gate_up)``, ``silu(gate) * up`` of ``[rows, 2 *
-    inter]`` -> ``[rows, inter]``. ``TORCH_OPS`` below, or the CPU kernels (one pass
-    each, ``native.py``)."""
+    """How a layer runs its parts: ``norm(x, weight, eps)``, RMSNorm of ``x`` ``[rows,
+    hidden]``; ``silu_mul(gate_up)``, ``silu(gate) * up`` of ``[rows, 2 * inter]`` ->
+    ``[rows, inter]``; ``linear(layer, x)``, ``layer(x)``; ``linear_add(layer, x,
+    residual)``, ``layer.add(x, residual)``. ``TORCH_OPS`` below, or the CPU kernels
+    (``native.py``: one pass each, and a matvec for one or two rows)."""
 
     norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
+    linear: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__
+    linear_add: Callable[[Linear, torch.Tensor, torch.Tensor], torch.Tensor] = Linear.add
 
 
 class Attention(Protocol):
@@ -121,14 +125,14 @@ def decoder_layer(
     ops: Ops = TORCH_OPS,
 ) -> torch.Tensor:
     """One pre-norm decoder layer on ``h``: ``[num_tokens, hidden]``; returns the same shape.
-    Both residual adds ride on the projection that feeds them (``Linear.add``)."""
+    Both residual adds ride on the projection that feeds them (``ops.linear_add``)."""
     n = h.shape[0]
     eps = args.rms_norm_eps
-    qkv = w.qkv(ops.norm(h, w.input_norm, eps))  # [n, (heads + 2 * kv_heads) * head_dim]
+    qkv = ops.linear(w.qkv, ops.norm(h, w.input_norm, eps))  # [n, (heads + 2 kv_heads) hd]
     attn = attention(index, qkv)  # [n, heads, head_dim]
-    h = w.o.add(attn.reshape(n, args.num_heads * args.head_dim), h)
-    gate_up = w.gate_up(ops.norm(h, w.post_norm, eps))  # [n, 2 * intermediate]
-    return w.down.add(ops.silu_mul(gate_up), h)
+    h = ops.linear_add(w.o, attn.reshape(n, args.num_heads * args.head_dim), h)
+    gate_up = ops.linear(w.gate_up, ops.norm(h, w.post_norm, eps))  # [n, 2 * intermediate]
+    return ops.linear_add(w.down, ops.silu_mul(gate_up), h)
 
 
 def forward_hidden(

@@ -196,11 +196,19 @@ class LlamaWeights:
             layers.append(
                 LayerWeights(
                     input_norm=take(p + "input_layernorm.weight"),
-                    qkv=Linear(torch.cat(attn, dim=0)),
-                    o=Linear(take(p + "self_attn.o_proj.weight"), dense_from_rows=DENSE_FROM_ROWS),
+                    qkv=Linear(torch.cat(attn, dim=0), matvec=True),
+                    o=Linear(
+                        take(p + "self_attn.o_proj.weight"),
+                        dense_from_rows=DENSE_FROM_ROWS,
+                        matvec=True,
+                    ),
                     post_norm=take(p + "post_attention_layernorm.weight"),
-                    gate_up=Linear(torch.cat(mlp, dim=0)),
-                    down=Linear(take(p + "mlp.down_proj.weight"), dense_from_rows=DENSE_FROM_ROWS),
+                    gate_up=Linear(torch.cat(mlp, dim=0), matvec=True),
+                    down=Linear(
+                        take(p + "mlp.down_proj.weight"),
+                        dense_from_rows=DENSE_FROM_ROWS,
+                        matvec=True,
+                    ),
                 )
             )
         embed = take("model.embed_tokens.weight")
@@ -210,6 +218,7 @@ class LlamaWeights:
             embed=embed,
             layers=layers,
             norm=take("model.norm.weight"),
+            # No matvec layout: on one large matrix oneDNN reads as fast as the matvec.
             lm_head=Linear(embed if tied else take("lm_head.weight")),
         )
 

@@ -13,6 +13,9 @@ from orchestrator.core.output import ScheduledRequest, SchedulerOutput
 from orchestrator.core.request import SamplingParams
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
+from plugins.torch_executor.linear import Linear
+from plugins.torch_executor.model import Ops
+from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.paged import SequenceSlice
 from plugins.torch_executor.weights import load_folder
 from tests.e2e.models import hf_model, write_tiny_llama
@@ -142,6 +145,40 @@ def test_kernels_and_torch_ops_agree(tiny_folder: Path) -> None:
     theirs = run_steps(reference, sequences, tables)
     for (rid, pos, a), (_, _, b) in zip(ours, theirs, strict=True):
         assert (a - b).abs().max().item() < 1e-5, (rid, pos)
+
+
+def test_the_bfloat16_matvec_stays_within_rounding_of_the_packed_matmul(
+    tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In bfloat16 the kernels also run the projections of one or two rows (the matvec);
+    against the same kernels with every projection through ``Linear``, the mixed steps'
+    probabilities differ only by bfloat16 rounding."""
+    weights = load_folder(tiny_folder, torch.bfloat16)
+    rng = random.Random(4)
+    sequences = {rid: [rng.randrange(101) for _ in range(25)] for rid in "abcd"}
+    tables = {rid: list(range(8 * i, 8 * i + 7)) for i, rid in enumerate("abcd")}
+    with_matvec = TorchExecutor(weights, block_size=BLOCK, num_blocks=64)
+    kernels = with_matvec.runner.kernels
+    if kernels is None or not kernels.has_matvec:
+        pytest.skip("no matvec here (no C++ compiler, or a CPU without AVX512-BF16)")
+    without = TorchExecutor(weights, block_size=BLOCK, num_blocks=64)
+    without.runner.ops = Ops(norm=kernels.rms_norm, silu_mul=kernels.silu_mul)
+    matvec_rows = []
+    real = Kernels._matvec
+
+    def counted(self: Kernels, layer: Linear, x: torch.Tensor, r: torch.Tensor | None) -> object:
+        matvec_rows.append(x.shape[0])
+        return real(self, layer, x, r)
+
+    monkeypatch.setattr(Kernels, "_matvec", counted)
+    ours = run_steps(with_matvec, sequences, tables)
+    # The last step has two decode rows: each layer's four projections take the matvec.
+    assert matvec_rows == [2] * 4 * weights.args.num_layers
+    theirs = run_steps(without, sequences, tables)
+    assert len(matvec_rows) == 4 * weights.args.num_layers
+    for (rid, pos, a), (_, _, b) in zip(ours, theirs, strict=True):
+        gap = (torch.softmax(a, -1) - torch.softmax(b, -1)).abs().max().item()
+        assert gap < 0.01, (rid, pos, gap)
 
 
 def test_bucketed_decode_forward_matches_the_eager_one(tiny_folder: Path) -> None:
