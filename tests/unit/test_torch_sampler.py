@@ -27,6 +27,16 @@ def test_greedy_picks_the_argmax() -> None:
     assert logprobs == [None] * 4
 
 
+def test_greedy_takes_the_first_of_tied_maxima() -> None:
+    """As ``argmax`` (and transformers' greedy search) does, on rows of many ties."""
+    logits = torch.randint(0, 3, (64, 49152), generator=torch.Generator().manual_seed(1)).float()
+    logits[5] = 0.0  # one row all tied: token 0
+    rows = [SampleRow(SamplingParams(temperature=0), 10)] * 64
+    tokens, _ = sampler().sample(logits, rows)
+    first_max = [int((row == row.max()).nonzero()[0]) for row in logits]
+    assert tokens == first_max and tokens[5] == 0
+
+
 def test_top_k_one_is_greedy_at_any_temperature() -> None:
     logits = random_logits(3)
     rows = [SampleRow(SamplingParams(temperature=5.0, top_k=1), p) for p in range(3)]
