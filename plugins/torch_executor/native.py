@@ -379,11 +379,22 @@ static void attend_row_avx512(const T* q, const T* kbase, const T* vbase, const 
                 _mm_prefetch(nv + c, _MM_HINT_T0);
             }
         }
-        __m512 s[G];
-        for (int g = 0; g < G; ++g) s[g] = _mm512_setzero_ps();
-        for (int d = 0; d < HD; ++d) {
-            const __m512 kd = load16(kt + d * BS);
-            for (int g = 0; g < G; ++g) s[g] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g][d]), kd, s[g]);
+        // P partial sums per head over interleaved d: one sum would be a chain of HD
+        // dependent FMAs, whose latency (not the FMA rate) then set a block's time.
+        constexpr int P = G == 1 ? 4 : 2;
+        __m512 s[G], part[G][P];
+        for (int g = 0; g < G; ++g)
+            for (int j = 0; j < P; ++j) part[g][j] = _mm512_setzero_ps();
+        for (int d = 0; d < HD; d += P) {
+            for (int j = 0; j < P; ++j) {
+                const __m512 kd = load16(kt + (d + j) * BS);
+                for (int g = 0; g < G; ++g)
+                    part[g][j] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g][d + j]), kd, part[g][j]);
+            }
+        }
+        for (int g = 0; g < G; ++g) {
+            s[g] = part[g][0];
+            for (int j = 1; j < P; ++j) s[g] = _mm512_add_ps(s[g], part[g][j]);
         }
         // Rescale factors exp(old max - new max) of all heads in one vector exp.
         alignas(64) float shift[16] = {}, alpha[16];
