@@ -20,9 +20,9 @@ keep the dense weight as well (``dense_from_rows``) and switch to it for long ch
 On CPU every matmul runs at a bucketed row count (``buckets.padded_rows``), so oneDNN's
 per-shape primitives stay few.
 
-For one or two rows in bfloat16 the CPU kernels' matvec reads the weight faster than
-oneDNN does (``native.py``); with ``matvec=True`` a CPU bfloat16 layer also keeps the
-layout it reads (``matvec_weight``), one more copy of the weight.
+For up to 64 rows in bfloat16 the CPU kernels' AMX linear reads the weight faster than
+oneDNN does (``native.py``); with ``tiles=True`` a CPU bfloat16 layer also keeps the
+layout it reads (``tile_weight``), one more copy of the weight.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from plugins.torch_executor.buckets import pad_dim, padded_rows
 _ROWS_HINT = 64
 
 
-def _has_matvec_layout(weight: torch.Tensor) -> bool:
+def _has_tile_layout(weight: torch.Tensor) -> bool:
     out, inp = weight.shape
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and out % 16 == 0
-        and inp % 2 == 0
+        and inp % 32 == 0
     )
 
 
@@ -55,24 +55,24 @@ class Linear:
         weight: torch.Tensor,
         pack: bool = True,
         dense_from_rows: int | None = None,
-        matvec: bool = False,
+        tiles: bool = False,
     ) -> None:
         """``dense_from_rows``: also keep the dense weight and use it for inputs of at
         least that many rows (``None``: the packed copy replaces the dense one).
-        ``matvec``: also keep ``matvec_weight`` where that layout applies (a CPU bfloat16
-        weight of a multiple of 16 outputs and of 2 inputs)."""
+        ``tiles``: also keep ``tile_weight`` where that layout applies (a CPU bfloat16
+        weight of a multiple of 16 outputs and of 32 inputs)."""
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         self._packed: torch.Tensor | None = None
         self._dense: torch.Tensor | None = weight
         self._dense_from_rows = dense_from_rows
         self._bucketed = weight.device.type == "cpu"  # see buckets.py
-        self.matvec_weight: torch.Tensor | None = None
+        self.tile_weight: torch.Tensor | None = None
         """``[out / 16, in / 2, 16, 2]``: for each block of 16 outputs, consecutive pairs
-        of inputs (the CPU kernels' matvec layout), or ``None``."""
-        if matvec and _has_matvec_layout(weight):
+        of inputs (AMX's B-tile layout, the CPU kernels' ``tile_linear``), or ``None``."""
+        if tiles and _has_tile_layout(weight):
             out, inp = weight.shape
-            self.matvec_weight = (
+            self.tile_weight = (
                 weight.view(out // 16, 16, inp // 2, 2).permute(0, 2, 1, 3).contiguous()
             )
         if pack and weight.device.type == "cpu" and torch.backends.mkldnn.is_available():

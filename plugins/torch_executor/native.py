@@ -1,6 +1,6 @@
 """CPU kernels for the step's memory-bound parts: RMSNorm, SiLU-times-up, RoPE with the
 K/V cache write, paged attention for rows that attend through a block table in place,
-and, in bfloat16, the projections of one or two rows (a matvec).
+and, in bfloat16 on AMX, the projections of up to 64 rows (``tile_linear``).
 
 Why: at decode sizes each of these is a few microseconds of work behind tens of
 microseconds of op dispatch, and paged attention written with torch ops must first copy
@@ -60,6 +60,8 @@ SOURCE = r"""
 #include <algorithm>
 #include <type_traits>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -498,81 +500,115 @@ static void paged_attention(const T* q, const T* k, const T* v, const int64_t* t
     }
 
 
-// y[r] = rnd(residual[r] + W x[r]) for a few rows r in bfloat16, W in the matvec layout
-// [n / 16, k / 2, 16, 2]: for each block of 16 outputs, consecutive pairs of inputs, so
-// one 64-byte load feeds one vdpbf16ps (16 lanes x 2 products) and each thread streams
-// one contiguous range of memory. At one row oneDNN's packed matmul read the layer
-// weights at about 17 GB/s here; this reads them at about 21 (the copy runs at 27).
-// Products are exact in float32 and summed in float32; the residual is added before the
-// one rounding, as oneDNN's binary post-op does.
-#if defined(__AVX512BF16__)
-template <int R>
-static void matvec_block(const bf16* wb, const bf16* x, const bf16* residual, bf16* out,
-                         int64_t n, int64_t k, int64_t n0) {
-    __m512 even[R], odd[R];  // two chains per row hide the dot product's latency
-    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
-    const __m512i* w = reinterpret_cast<const __m512i*>(wb);
-    const int64_t pairs = k / 2;
-    int64_t p = 0;
-    for (; p + 2 <= pairs; p += 2) {
-        // 4 KB ahead: the next rows' start is far enough for DRAM latency.
-        _mm_prefetch(reinterpret_cast<const char*>(w + p + 64), _MM_HINT_T0);
-        const __m512i w0 = _mm512_loadu_si512(w + p), w1 = _mm512_loadu_si512(w + p + 1);
-        for (int r = 0; r < R; ++r) {
-            const int32_t* xr = reinterpret_cast<const int32_t*>(x + r * k);
-            even[r] = _mm512_dpbf16_ps(even[r], (__m512bh)w0, (__m512bh)_mm512_set1_epi32(xr[p]));
-            odd[r] = _mm512_dpbf16_ps(odd[r], (__m512bh)w1, (__m512bh)_mm512_set1_epi32(xr[p + 1]));
-        }
-    }
-    for (; p < pairs; ++p) {
-        const __m512i w0 = _mm512_loadu_si512(w + p);
-        for (int r = 0; r < R; ++r) {
-            const int32_t* xr = reinterpret_cast<const int32_t*>(x + r * k);
-            even[r] = _mm512_dpbf16_ps(even[r], (__m512bh)w0, (__m512bh)_mm512_set1_epi32(xr[p]));
-        }
-    }
-    for (int r = 0; r < R; ++r) {
-        __m512 y = _mm512_add_ps(even[r], odd[r]);
-        if (residual) y = _mm512_add_ps(y, load16(residual + r * n + n0));
-        store16(out + r * n + n0, y);
-    }
-}
+// y = rnd(residual + x W^T) in bfloat16 for up to a few dozen rows of x, on AMX tiles.
+// W is in the tile layout [n / 16, k / 2, 16, 2]: for each block of 16 outputs,
+// consecutive pairs of inputs, so a 1 KB slice of it is one B tile (16 pairs x 16
+// outputs) and each block streams from one contiguous range. oneDNN's packed matmul
+// waited on the weights from memory at these sizes (SmolLM2's 30 layers of projections,
+// 2 threads: 13.3 against 9.2 ms at 1 row, 15.2 against 10.2 at 32, 17.3 against 14.6
+// at 64); from about 128 rows oneDNN's blocking wins. Products are exact in float32 and
+// summed in float32; the residual is added before the one rounding, as oneDNN's binary
+// post-op does.
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+struct TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+};
 
-template <int R>
-static void matvec_rows(const bf16* w, const bf16* x, const bf16* residual, bf16* out,
-                        int64_t n, int64_t k, int threads) {
+// Tiles 0-3: C for two row blocks x two output blocks (float32, 16 x 16); 4-5: A, the
+// two row blocks' 16 x 32 inputs; 6-7: B, the two output blocks' 16 pairs x 16.
+static void tile_linear(const bf16* w, const bf16* a, const bf16* residual, bf16* out,
+                        int64_t rows, int64_t padded_rows, int64_t n, int64_t k, int threads) {
+    const int64_t blocks = n / 16, pairs = (blocks + 1) / 2, steps = k / 32;
     #pragma omp parallel num_threads(threads)
     {
-        // Each thread takes one contiguous range of output blocks: one memory stream.
-        const int64_t blocks = n / 16, nt = omp_get_num_threads();
-        const int64_t per = (blocks + nt - 1) / nt;
-        const int64_t b0 = std::min(blocks, omp_get_thread_num() * per);
-        const int64_t b1 = std::min(blocks, b0 + per);
-        // Start the stream's first 4 KB at once rather than miss by miss.
-        const char* start = reinterpret_cast<const char*>(w + b0 * 16 * k);
-        const int64_t warm = std::min<int64_t>((b1 - b0) * 32 * k, 4096);
-        for (int64_t c = 0; c < warm; c += 64) _mm_prefetch(start + c, _MM_HINT_T1);
-        for (int64_t b = b0; b < b1; ++b)
-            matvec_block<R>(w + b * 16 * k, x, residual, out, n, k, b * 16);
+        TileConfig cfg;
+        for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+        _tile_loadconfig(&cfg);
+        alignas(64) float c[4][16][16];
+        // Each thread takes one contiguous range of output blocks.
+        const int64_t nt = omp_get_num_threads(), per = (pairs + nt - 1) / nt;
+        const int64_t p0 = std::min(pairs, omp_get_thread_num() * per);
+        const int64_t p1 = std::min(pairs, p0 + per);
+        for (int64_t p = p0; p < p1; ++p) {
+            const int64_t nb = 2 * p;
+            const bool two_n = nb + 1 < blocks;
+            const char* b0 = reinterpret_cast<const char*>(w + nb * 16 * k);
+            const char* b1 = b0 + 32 * k;  // the next output block: k / 2 pairs x 64 bytes
+            for (int64_t m0 = 0; m0 < padded_rows; m0 += 32) {
+                const bool two_m = m0 + 16 < padded_rows;
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                for (int64_t s = 0; s < steps; ++s) {
+                    if (m0 == 0) {
+                        // 4 KB ahead in both weight streams: the weights come from memory
+                        // once (the second pair of row blocks finds them in cache).
+                        for (int line = 0; line < 1024; line += 64) {
+                            _mm_prefetch(b0 + (s + 4) * 1024 + line, _MM_HINT_T0);
+                            if (two_n) _mm_prefetch(b1 + (s + 4) * 1024 + line, _MM_HINT_T0);
+                        }
+                    }
+                    _tile_loadd(4, a + m0 * k + s * 32, k * 2);
+                    _tile_loadd(6, b0 + s * 1024, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    if (two_n) {
+                        _tile_loadd(7, b1 + s * 1024, 64);
+                        _tile_dpbf16ps(1, 4, 7);
+                    }
+                    if (two_m) {
+                        _tile_loadd(5, a + (m0 + 16) * k + s * 32, k * 2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        if (two_n) _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                _tile_stored(0, c[0], 64);
+                _tile_stored(1, c[1], 64);
+                _tile_stored(2, c[2], 64);
+                _tile_stored(3, c[3], 64);
+                for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
+                    for (int ni = 0; ni < (two_n ? 2 : 1); ++ni) {
+                        const int64_t col = (nb + ni) * 16;
+                        for (int r = 0; r < 16 && m0 + mi * 16 + r < rows; ++r) {
+                            const int64_t row = m0 + mi * 16 + r;
+                            __m512 y = _mm512_load_ps(c[mi * 2 + ni][r]);
+                            if (residual) y = _mm512_add_ps(y, load16(residual + row * n + col));
+                            store16(out + row * n + col, y);
+                        }
+                    }
+                }
+            }
+        }
+        _tile_release();
     }
 }
 #endif
 
-// 1 when this build has the bfloat16 matvec (AVX512-BF16), else 0.
-extern "C" int matvec_available() {
-#if defined(__AVX512BF16__)
-    return 1;
+// 1 when this build has the AMX linear and the kernel let this process use AMX, else 0.
+extern "C" int tile_linear_available() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    // Linux hands out AMX's tile state only on request: ARCH_REQ_XCOMP_PERM for
+    // XFEATURE_XTILEDATA. Once granted, it holds for every thread of the process.
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : 0;
 #else
     return 0;
 #endif
 }
 
-// rows in 1 .. MATVEC_MAX_ROWS; n a multiple of 16, k of 2; residual may be null.
-extern "C" void matvec_bf16(const bf16* w, const bf16* x, const bf16* residual, bf16* out,
-                            int64_t rows, int64_t n, int64_t k, int threads) {
-#if defined(__AVX512BF16__)
-    if (rows == 1) matvec_rows<1>(w, x, residual, out, n, k, threads);
-    if (rows == 2) matvec_rows<2>(w, x, residual, out, n, k, threads);
+// x: [rows, k], out (and residual, unless null): [rows, n]; n a multiple of 16, k of 32.
+extern "C" void tile_linear_bf16(const bf16* w, const bf16* x, const bf16* residual, bf16* out,
+                                 int64_t rows, int64_t n, int64_t k, int threads) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+    const int64_t padded_rows = (rows + 15) / 16 * 16;
+    if (padded_rows == rows) {
+        tile_linear(w, x, residual, out, rows, rows, n, k, threads);
+        return;
+    }
+    // A tile reads 16 rows: copy x into a zero-padded buffer kept for the next call.
+    thread_local std::vector<bf16> padded;
+    padded.resize(padded_rows * k);
+    std::memcpy(padded.data(), x, rows * k * sizeof(bf16));
+    std::memset(padded.data() + rows * k, 0, (padded_rows - rows) * k * sizeof(bf16));
+    tile_linear(w, padded.data(), residual, out, rows, padded_rows, n, k, threads);
 #endif
 }
 
@@ -589,12 +625,12 @@ _SIGNATURES: dict[str, list[type]] = {
     "rope_store": [_P] * 9 + [_I] * 6 + [ctypes.c_int],
     "paged_attention": [_P] * 7 + [_I] * 8 + [ctypes.c_float, ctypes.c_int],
 }
-# bfloat16 only, and only where the build has AVX512-BF16 (``matvec_available``).
-_MATVEC_SIGNATURE: list[type] = [_P] * 4 + [_I] * 3 + [ctypes.c_int]
-# The matvec beat oneDNN's packed matmul on SmolLM2's layer projections at 1 row (10.4
-# against 12.7 ms for all 30 layers, bfloat16, 2 threads) and 2 rows (11.7 against
-# 12.7); at 3 rows they were even (12.5 against 12.8), and from 4 rows oneDNN was faster.
-MATVEC_MAX_ROWS = 2
+# bfloat16 only, and only where the build has AMX and the process may use it.
+_TILE_LINEAR_SIGNATURE: list[type] = [_P] * 4 + [_I] * 3 + [ctypes.c_int]
+# Rows up to which the AMX linear runs a projection: it beat oneDNN at 1 to 64 rows (see
+# the kernel's comment); at 128 they were even (24.1 against 23.1 ms for SmolLM2's 30
+# layers), and from 256 rows oneDNN was faster.
+TILE_LINEAR_MAX_ROWS = 64
 
 
 def supports(dtype: torch.dtype) -> bool:
@@ -614,12 +650,12 @@ class Kernels:
     ``model.py``); nothing else is checked here."""
 
     lib: ctypes.CDLL
-    has_matvec: bool = False  # the bfloat16 matvec (AVX512-BF16) is in this build
+    has_tile_linear: bool = False  # AMX is in this build and this process may use it
 
     def ops(self) -> Ops:
         """The layer's parts through these kernels: the elementwise ones always, the
-        projections of one or two rows where the build has the matvec."""
-        if not self.has_matvec:
+        projections of up to ``TILE_LINEAR_MAX_ROWS`` rows where AMX is available."""
+        if not self.has_tile_linear:
             return Ops(norm=self.rms_norm, silu_mul=self.silu_mul)
         return Ops(
             norm=self.rms_norm,
@@ -629,27 +665,27 @@ class Kernels:
         )
 
     def linear(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        """``layer(x)``, through the matvec for 1 .. ``MATVEC_MAX_ROWS`` rows of a layer
-        with a ``matvec_weight``."""
-        if layer.matvec_weight is None or not 0 < x.shape[0] <= MATVEC_MAX_ROWS:
+        """``layer(x)``, on AMX tiles for 1 .. ``TILE_LINEAR_MAX_ROWS`` rows of a layer with
+        a ``tile_weight``; through ``layer`` itself otherwise."""
+        if layer.tile_weight is None or not 0 < x.shape[0] <= TILE_LINEAR_MAX_ROWS:
             return layer(x)
-        return self._matvec(layer, x, None)
+        return self._tile_linear(layer, x, None)
 
     def linear_add(self, layer: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``layer.add(x, residual)``, through the matvec as ``linear``."""
-        if layer.matvec_weight is None or not 0 < x.shape[0] <= MATVEC_MAX_ROWS:
+        """``layer.add(x, residual)``, on AMX tiles as ``linear``."""
+        if layer.tile_weight is None or not 0 < x.shape[0] <= TILE_LINEAR_MAX_ROWS:
             return layer.add(x, residual)
-        return self._matvec(layer, x, residual.contiguous())
+        return self._tile_linear(layer, x, residual.contiguous())
 
-    def _matvec(
+    def _tile_linear(
         self, layer: Linear, x: torch.Tensor, residual: torch.Tensor | None
     ) -> torch.Tensor:
-        assert layer.matvec_weight is not None and x.dtype == torch.bfloat16
+        assert layer.tile_weight is not None and x.dtype == torch.bfloat16
         x = x.contiguous()
         rows = x.shape[0]
         out = x.new_empty((rows, layer.out_features))
-        self.lib.matvec_bf16(
-            _ptr(layer.matvec_weight), _ptr(x), 0 if residual is None else _ptr(residual),
+        self.lib.tile_linear_bf16(
+            _ptr(layer.tile_weight), _ptr(x), 0 if residual is None else _ptr(residual),
             _ptr(out), rows, layer.out_features, layer.in_features, torch.get_num_threads(),
         )  # fmt: skip
         return out
@@ -799,9 +835,11 @@ def load_kernels(cache_dir: Path) -> Kernels | None:
                 for suffix in _SUFFIX.values():
                     fn = getattr(lib, f"{name}_{suffix}")
                     fn.argtypes, fn.restype = argtypes, None
-            lib.matvec_bf16.argtypes, lib.matvec_bf16.restype = _MATVEC_SIGNATURE, None
-            lib.matvec_available.argtypes, lib.matvec_available.restype = [], ctypes.c_int
-            kernels = Kernels(lib, has_matvec=bool(lib.matvec_available()))
+            tile = lib.tile_linear_bf16
+            tile.argtypes, tile.restype = _TILE_LINEAR_SIGNATURE, None
+            lib.tile_linear_available.argtypes = []
+            lib.tile_linear_available.restype = ctypes.c_int
+            kernels = Kernels(lib, has_tile_linear=bool(lib.tile_linear_available()))
         except (OSError, subprocess.SubprocessError, AttributeError) as err:
             detail = getattr(err, "stderr", b"") or b""
             log.warning(

@@ -147,35 +147,36 @@ def test_kernels_and_torch_ops_agree(tiny_folder: Path) -> None:
         assert (a - b).abs().max().item() < 1e-5, (rid, pos)
 
 
-def test_the_bfloat16_matvec_stays_within_rounding_of_the_packed_matmul(
+def test_bfloat16_tile_projections_stay_within_rounding_of_the_packed_matmul(
     tiny_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In bfloat16 the kernels also run the projections of one or two rows (the matvec);
-    against the same kernels with every projection through ``Linear``, the mixed steps'
+    """In bfloat16 on AMX the kernels also run the projections of up to 64 rows; against
+    the same kernels with every projection through ``Linear``, the mixed steps'
     probabilities differ only by bfloat16 rounding."""
     weights = load_folder(tiny_folder, torch.bfloat16)
     rng = random.Random(4)
     sequences = {rid: [rng.randrange(101) for _ in range(25)] for rid in "abcd"}
     tables = {rid: list(range(8 * i, 8 * i + 7)) for i, rid in enumerate("abcd")}
-    with_matvec = TorchExecutor(weights, block_size=BLOCK, num_blocks=64)
-    kernels = with_matvec.runner.kernels
-    if kernels is None or not kernels.has_matvec:
-        pytest.skip("no matvec here (no C++ compiler, or a CPU without AVX512-BF16)")
+    with_tiles = TorchExecutor(weights, block_size=BLOCK, num_blocks=64)
+    kernels = with_tiles.runner.kernels
+    if kernels is None or not kernels.has_tile_linear:
+        pytest.skip("no AMX linear here (no C++ compiler, or a CPU or OS without AMX)")
     without = TorchExecutor(weights, block_size=BLOCK, num_blocks=64)
     without.runner.ops = Ops(norm=kernels.rms_norm, silu_mul=kernels.silu_mul)
-    matvec_rows = []
-    real = Kernels._matvec
+    tile_rows = []
+    real = Kernels._tile_linear
 
     def counted(self: Kernels, layer: Linear, x: torch.Tensor, r: torch.Tensor | None) -> object:
-        matvec_rows.append(x.shape[0])
+        tile_rows.append(x.shape[0])
         return real(self, layer, x, r)
 
-    monkeypatch.setattr(Kernels, "_matvec", counted)
-    ours = run_steps(with_matvec, sequences, tables)
-    # The last step has two decode rows: each layer's four projections take the matvec.
-    assert matvec_rows == [2] * 4 * weights.args.num_layers
+    monkeypatch.setattr(Kernels, "_tile_linear", counted)
+    ours = run_steps(with_tiles, sequences, tables)
+    # Every step has at most 64 rows: each layer's four projections run on tiles.
+    step_rows = [sum(b - a for _, a, b, _ in step) for step in STEPS]
+    assert tile_rows == [n for n in step_rows for _ in range(4 * weights.args.num_layers)]
     theirs = run_steps(without, sequences, tables)
-    assert len(matvec_rows) == 4 * weights.args.num_layers
+    assert len(tile_rows) == 4 * weights.args.num_layers * len(STEPS)
     for (rid, pos, a), (_, _, b) in zip(ours, theirs, strict=True):
         gap = (torch.softmax(a, -1) - torch.softmax(b, -1)).abs().max().item()
         assert gap < 0.01, (rid, pos, gap)
