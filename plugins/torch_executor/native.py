@@ -371,23 +371,27 @@ static void attend_row_avx512(const T* q, const T* kbase, const T* vbase, const 
         const T* vb = vbase + block * BS * HD;
         const int valid = (int)std::min<int64_t>(BS, len - t0);
         const __mmask16 mask = (__mmask16)((1u << valid) - 1u);
-        if (t0 + BS < len) {
-            // Blocks are scattered, so the hardware prefetcher cannot see the next one.
-            const int64_t next = table[t0 / BS + 1];
-            const char* nk = reinterpret_cast<const char*>(kbase + next * HD * BS);
-            const char* nv = reinterpret_cast<const char*>(vbase + next * BS * HD);
-            for (int c = 0; c < (int)(HD * BS * sizeof(T)); c += 64) {
-                _mm_prefetch(nk + c, _MM_HINT_T0);
-                _mm_prefetch(nv + c, _MM_HINT_T0);
-            }
-        }
+        // Blocks are scattered, so the hardware prefetcher cannot see the next one: its
+        // lines are prefetched a few per step of the QK loop below (the last block
+        // prefetches itself, which costs nothing). Issued all at once, the prefetches
+        // stalled on the core's fill buffers with no work left to overlap them.
+        const int64_t next = t0 + BS < len ? table[t0 / BS + 1] : block;
+        const char* nk = reinterpret_cast<const char*>(kbase + next * HD * BS);
+        const char* nv = reinterpret_cast<const char*>(vbase + next * BS * HD);
         // P partial sums per head over interleaved d: one sum would be a chain of HD
         // dependent FMAs, whose latency (not the FMA rate) then set a block's time.
         constexpr int P = G == 1 ? 4 : 2;
+        constexpr int LINES = HD * BS * (int)sizeof(T) / 64;  // per K (and per V) block
+        constexpr int PER_STEP = (LINES + HD / P - 1) / (HD / P);
+        int line = 0;
         __m512 s[G], part[G][P];
         for (int g = 0; g < G; ++g)
             for (int j = 0; j < P; ++j) part[g][j] = _mm512_setzero_ps();
         for (int d = 0; d < HD; d += P) {
+            for (int q = 0; q < PER_STEP && line < LINES; ++q, ++line) {
+                _mm_prefetch(nk + line * 64, _MM_HINT_T0);
+                _mm_prefetch(nv + line * 64, _MM_HINT_T0);
+            }
             for (int j = 0; j < P; ++j) {
                 const __m512 kd = load16(kt + (d + j) * BS);
                 for (int g = 0; g < G; ++g)
