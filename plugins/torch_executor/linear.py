@@ -1,11 +1,17 @@
-"""``y = x @ W.T`` with the weight reordered once into oneDNN's blocked layout.
+"""``y = x @ W.T`` over a weight kept dense, plus the one layout its matmul reads, built
+on first use.
 
-``F.linear`` on CPU reorders the weight for oneDNN (bfloat16) or calls MKL (float32) on
-every call. Packing once at load time and calling oneDNN's linear directly ran 2-3x
-faster at decode sizes (1-64 rows) and 15-60% faster at prefill sizes (512 rows) on
-this project's machines, with bit-identical bfloat16 results and float32 results within
-~1e-6. Where oneDNN is unavailable, or the weight is on a GPU, the dense weight is kept
-and ``F.linear`` is used.
+Two ways to run it on CPU:
+
+- **AMX tiles** (the CPU kernels' ``tile_linear``, ``native.py``), in bfloat16 where the
+  CPU has AMX: ``tile_weight()`` is the weight as AMX's B tiles. The kernels' ``Ops``
+  route every projection of a layer there.
+- **oneDNN**, everywhere else: ``__call__`` and ``add``. ``F.linear`` on CPU reorders the
+  weight for oneDNN (bfloat16) or calls MKL (float32) on every call; packing once and
+  calling oneDNN's linear directly ran 2-3x faster at decode sizes (1-64 rows) and
+  15-60% faster at prefill sizes (512 rows) here, with bit-identical bfloat16 results
+  and float32 results within ~1e-6. Where oneDNN is unavailable, or the weight is on a
+  GPU, ``F.linear`` runs on the dense weight.
 
 ``add(x, residual)`` computes ``residual + x @ W.T`` with the add done by the matmul
 itself (oneDNN's binary post-op; ``addmm`` on dense weights), which saves a pass over the
@@ -15,14 +21,13 @@ where the unfused form rounds the product and then the sum.
 For the attention output and down projections, oneDNN's packed kernels fell behind a
 dense ``addmm`` from about 384 rows (at 512 rows: 259 vs 161 us for the output
 projection, 607 vs 393 us for the down projection, bfloat16, 2 threads), so those layers
-keep the dense weight as well (``dense_from_rows``) and switch to it for long chunks.
+switch to the dense weight for long chunks (``dense_from_rows``).
 
-On CPU every matmul runs at a bucketed row count (``buckets.padded_rows``), so oneDNN's
-per-shape primitives stay few.
+On CPU every oneDNN matmul runs at a bucketed row count (``buckets.padded_rows``), so
+oneDNN's per-shape primitives stay few. The tile kernel keeps no per-shape state.
 
-For up to 64 rows in bfloat16 the CPU kernels' AMX linear reads the weight faster than
-oneDNN does (``native.py``); with ``tiles=True`` a CPU bfloat16 layer also keeps the
-layout it reads (``tile_weight``), one more copy of the weight.
+Memory: the dense weight plus one layout, two copies in all; the layout is built by the
+first call that needs it (``ModelRunner`` builds it at start).
 """
 
 from __future__ import annotations
@@ -37,59 +42,66 @@ from plugins.torch_executor.buckets import pad_dim, padded_rows
 _ROWS_HINT = 64
 
 
-def _has_tile_layout(weight: torch.Tensor) -> bool:
-    out, inp = weight.shape
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and out % 16 == 0
-        and inp % 32 == 0
-    )
-
-
 class Linear:
     """A bias-free linear layer over ``weight``: ``[out_features, in_features]``."""
 
     def __init__(
-        self,
-        weight: torch.Tensor,
-        pack: bool = True,
-        dense_from_rows: int | None = None,
-        tiles: bool = False,
+        self, weight: torch.Tensor, pack: bool = True, dense_from_rows: int | None = None
     ) -> None:
-        """``dense_from_rows``: also keep the dense weight and use it for inputs of at
-        least that many rows (``None``: the packed copy replaces the dense one).
-        ``tiles``: also keep ``tile_weight`` where that layout applies (a CPU bfloat16
-        weight of a multiple of 16 outputs and of 32 inputs)."""
+        """``pack``: run oneDNN on a packed copy (CPU, where oneDNN is available);
+        ``dense_from_rows``: use the dense weight instead from that many rows."""
+        self.weight = weight
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
-        self._packed: torch.Tensor | None = None
-        self._dense: torch.Tensor | None = weight
         self._dense_from_rows = dense_from_rows
         self._bucketed = weight.device.type == "cpu"  # see buckets.py
-        self.tile_weight: torch.Tensor | None = None
-        """``[out / 16, in / 2, 16, 2]``: for each block of 16 outputs, consecutive pairs
-        of inputs (AMX's B-tile layout, the CPU kernels' ``tile_linear``), or ``None``."""
-        if tiles and _has_tile_layout(weight):
-            out, inp = weight.shape
-            self.tile_weight = (
-                weight.view(out // 16, 16, inp // 2, 2).permute(0, 2, 1, 3).contiguous()
-            )
-        if pack and weight.device.type == "cpu" and torch.backends.mkldnn.is_available():
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, _ROWS_HINT)
-            if dense_from_rows is None:
-                self._dense = None  # keep one copy in memory
-
-    def _use_packed(self, x: torch.Tensor) -> bool:
-        if self._packed is None:
-            return False
-        return self._dense_from_rows is None or x.shape[0] < self._dense_from_rows
+        self._pack = pack and self._bucketed and torch.backends.mkldnn.is_available()
+        self._packed: torch.Tensor | None = None
+        self._tiles: torch.Tensor | None = None
 
     @property
     def num_bytes(self) -> int:
+        """Bytes of one copy of the weight (what a forward pass reads)."""
+        return self.weight.numel() * self.weight.element_size()
+
+    @property
+    def has_tile_layout(self) -> bool:
+        """Whether ``tile_weight`` applies: a CPU bfloat16 weight of a multiple of 16
+        outputs and of 32 inputs (whole tiles)."""
         return (
-            self.out_features * self.in_features * torch.empty((), dtype=self.dtype).element_size()
+            self._bucketed
+            and self.dtype == torch.bfloat16
+            and self.out_features % 16 == 0
+            and self.in_features % 32 == 0
         )
+
+    def tile_weight(self) -> torch.Tensor:
+        """``[out / 16, in / 2, 16, 2]``: for each block of 16 outputs, consecutive pairs
+        of inputs (AMX's B-tile layout, which the CPU kernels' ``tile_linear`` reads).
+        Built on the first call; raises ``ValueError`` where ``has_tile_layout`` is false."""
+        if self._tiles is None:
+            if not self.has_tile_layout:
+                raise ValueError(
+                    f"no tile layout for a {self.dtype} {self.out_features}x"
+                    f"{self.in_features} weight on {self.weight.device}"
+                )
+            out, inp = self.out_features, self.in_features
+            self._tiles = (
+                self.weight.view(out // 16, 16, inp // 2, 2).permute(0, 2, 1, 3).contiguous()
+            )
+        return self._tiles
+
+    def packed_weight(self) -> torch.Tensor | None:
+        """oneDNN's packed copy, built on the first call; ``None`` without ``pack``."""
+        if self._packed is None and self._pack:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _ROWS_HINT)
+        return self._packed
+
+    def _packed_for(self, rows: int) -> torch.Tensor | None:
+        """The packed copy for a matmul of ``rows`` rows, or ``None`` for the dense one."""
+        if self._dense_from_rows is not None and rows >= self._dense_from_rows:
+            return None
+        return self.packed_weight()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[rows, in_features]`` -> ``[rows, out_features]``."""
@@ -97,11 +109,11 @@ class Linear:
         padded = padded_rows(rows) if self._bucketed else rows
         if padded != rows:
             x = pad_dim(x, 0, padded)
-        if self._use_packed(x):
-            y = torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+        packed = self._packed_for(padded)
+        if packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         else:
-            assert self._dense is not None
-            y = F.linear(x, self._dense)
+            y = F.linear(x, self.weight)
         return y if padded == rows else y[:rows]
 
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -111,9 +123,9 @@ class Linear:
         padded = padded_rows(rows) if self._bucketed else rows
         if padded != rows:
             x, residual = pad_dim(x, 0, padded), pad_dim(residual, 0, padded)
-        if self._use_packed(x):
-            y = torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed, None, "add")
+        packed = self._packed_for(padded)
+        if packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise.binary(x, residual, packed, None, "add")
         else:
-            assert self._dense is not None
-            y = torch.addmm(residual, x, self._dense.t())
+            y = torch.addmm(residual, x, self.weight.t())
         return y if padded == rows else y[:rows]

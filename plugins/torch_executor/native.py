@@ -1,6 +1,6 @@
 """CPU kernels for the step's memory-bound parts: RMSNorm, SiLU-times-up, RoPE with the
 K/V cache write, paged attention for rows that attend through a block table in place,
-and, in bfloat16 on AMX, the projections of up to 64 rows (``tile_linear``).
+and, in bfloat16 on AMX, the layers' projections (``tile_linear``).
 
 Why: at decode sizes each of these is a few microseconds of work behind tens of
 microseconds of op dispatch, and paged attention written with torch ops must first copy
@@ -504,15 +504,16 @@ static void paged_attention(const T* q, const T* k, const T* v, const int64_t* t
     }
 
 
-// y = rnd(residual + x W^T) in bfloat16 for up to a few dozen rows of x, on AMX tiles.
-// W is in the tile layout [n / 16, k / 2, 16, 2]: for each block of 16 outputs,
-// consecutive pairs of inputs, so a 1 KB slice of it is one B tile (16 pairs x 16
-// outputs) and each block streams from one contiguous range. oneDNN's packed matmul
-// waited on the weights from memory at these sizes (SmolLM2's 30 layers of projections,
-// 2 threads: 13.3 against 9.2 ms at 1 row, 15.2 against 10.2 at 32, 17.3 against 14.6
-// at 64); from about 128 rows oneDNN's blocking wins. Products are exact in float32 and
-// summed in float32; the residual is added before the one rounding, as oneDNN's binary
-// post-op does.
+// y = rnd(residual + x W^T) in bfloat16 on AMX tiles. W is in the tile layout [n / 16,
+// k / 2, 16, 2]: for each block of 16 outputs, consecutive pairs of inputs, so a 1 KB
+// slice of it is one B tile (16 pairs x 16 outputs) and each block streams from one
+// contiguous range, prefetched ahead. oneDNN's packed matmul waited on the weights from
+// memory at decode sizes (SmolLM2's 30 layers of projections, 2 threads, weights from
+// memory: 8.2 against 6.1 ms at 1 row, 12.4 against 10.3 at 64) and fell behind on the
+// down projection at prefill sizes (11.4 against 6.7 ms at 256 rows); it was ahead only
+// on the gate/up projection at 256 rows (15.2 against 17.6). Products are exact in
+// float32 and summed in float32; the residual is added before the one rounding, as
+// oneDNN's binary post-op does.
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 struct TileConfig {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -535,48 +536,55 @@ static void tile_linear(const bf16* w, const bf16* a, const bf16* residual, bf16
         const int64_t nt = omp_get_num_threads(), per = (pairs + nt - 1) / nt;
         const int64_t p0 = std::min(pairs, omp_get_thread_num() * per);
         const int64_t p1 = std::min(pairs, p0 + per);
-        for (int64_t p = p0; p < p1; ++p) {
-            const int64_t nb = 2 * p;
-            const bool two_n = nb + 1 < blocks;
-            const char* b0 = reinterpret_cast<const char*>(w + nb * 16 * k);
-            const char* b1 = b0 + 32 * k;  // the next output block: k / 2 pairs x 64 bytes
+        // The thread's outputs go in chunks whose weights fit in about 1 MB of L2, each
+        // chunk swept once per pair of row blocks: the weights come from memory once
+        // and the inputs of a row pair (32 x k) stay in L1.
+        const int64_t chunk = std::max<int64_t>(1, (1 << 20) / (64 * k));
+        for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+            const int64_t c1 = std::min(p1, c0 + chunk);
             for (int64_t m0 = 0; m0 < padded_rows; m0 += 32) {
                 const bool two_m = m0 + 16 < padded_rows;
-                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-                for (int64_t s = 0; s < steps; ++s) {
-                    if (m0 == 0) {
-                        // 4 KB ahead in both weight streams: the weights come from memory
-                        // once (the second pair of row blocks finds them in cache).
-                        for (int line = 0; line < 1024; line += 64) {
-                            _mm_prefetch(b0 + (s + 4) * 1024 + line, _MM_HINT_T0);
-                            if (two_n) _mm_prefetch(b1 + (s + 4) * 1024 + line, _MM_HINT_T0);
+                for (int64_t p = c0; p < c1; ++p) {
+                    const int64_t nb = 2 * p;
+                    const bool two_n = nb + 1 < blocks;
+                    const char* b0 = reinterpret_cast<const char*>(w + nb * 16 * k);
+                    const char* b1 = b0 + 32 * k;  // the next output block: k / 2 pairs x 64 B
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                    for (int64_t s = 0; s < steps; ++s) {
+                        if (m0 == 0) {
+                            // 4 KB ahead in both weight streams, on the chunk's first sweep.
+                            for (int line = 0; line < 1024; line += 64) {
+                                _mm_prefetch(b0 + (s + 4) * 1024 + line, _MM_HINT_T0);
+                                if (two_n) _mm_prefetch(b1 + (s + 4) * 1024 + line, _MM_HINT_T0);
+                            }
+                        }
+                        _tile_loadd(4, a + m0 * k + s * 32, k * 2);
+                        _tile_loadd(6, b0 + s * 1024, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                        if (two_n) {
+                            _tile_loadd(7, b1 + s * 1024, 64);
+                            _tile_dpbf16ps(1, 4, 7);
+                        }
+                        if (two_m) {
+                            _tile_loadd(5, a + (m0 + 16) * k + s * 32, k * 2);
+                            _tile_dpbf16ps(2, 5, 6);
+                            if (two_n) _tile_dpbf16ps(3, 5, 7);
                         }
                     }
-                    _tile_loadd(4, a + m0 * k + s * 32, k * 2);
-                    _tile_loadd(6, b0 + s * 1024, 64);
-                    _tile_dpbf16ps(0, 4, 6);
-                    if (two_n) {
-                        _tile_loadd(7, b1 + s * 1024, 64);
-                        _tile_dpbf16ps(1, 4, 7);
-                    }
-                    if (two_m) {
-                        _tile_loadd(5, a + (m0 + 16) * k + s * 32, k * 2);
-                        _tile_dpbf16ps(2, 5, 6);
-                        if (two_n) _tile_dpbf16ps(3, 5, 7);
-                    }
-                }
-                _tile_stored(0, c[0], 64);
-                _tile_stored(1, c[1], 64);
-                _tile_stored(2, c[2], 64);
-                _tile_stored(3, c[3], 64);
-                for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
-                    for (int ni = 0; ni < (two_n ? 2 : 1); ++ni) {
-                        const int64_t col = (nb + ni) * 16;
-                        for (int r = 0; r < 16 && m0 + mi * 16 + r < rows; ++r) {
-                            const int64_t row = m0 + mi * 16 + r;
-                            __m512 y = _mm512_load_ps(c[mi * 2 + ni][r]);
-                            if (residual) y = _mm512_add_ps(y, load16(residual + row * n + col));
-                            store16(out + row * n + col, y);
+                    _tile_stored(0, c[0], 64);
+                    _tile_stored(1, c[1], 64);
+                    _tile_stored(2, c[2], 64);
+                    _tile_stored(3, c[3], 64);
+                    for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
+                        for (int ni = 0; ni < (two_n ? 2 : 1); ++ni) {
+                            const int64_t col = (nb + ni) * 16;
+                            for (int r = 0; r < 16 && m0 + mi * 16 + r < rows; ++r) {
+                                const int64_t row = m0 + mi * 16 + r;
+                                __m512 y = _mm512_load_ps(c[mi * 2 + ni][r]);
+                                if (residual)
+                                    y = _mm512_add_ps(y, load16(residual + row * n + col));
+                                store16(out + row * n + col, y);
+                            }
                         }
                     }
                 }
@@ -631,10 +639,6 @@ _SIGNATURES: dict[str, list[type]] = {
 }
 # bfloat16 only, and only where the build has AMX and the process may use it.
 _TILE_LINEAR_SIGNATURE: list[type] = [_P] * 4 + [_I] * 3 + [ctypes.c_int]
-# Rows up to which the AMX linear runs a projection: it beat oneDNN at 1 to 64 rows (see
-# the kernel's comment); at 128 they were even (24.1 against 23.1 ms for SmolLM2's 30
-# layers), and from 256 rows oneDNN was faster.
-TILE_LINEAR_MAX_ROWS = 64
 
 
 def supports(dtype: torch.dtype) -> bool:
@@ -658,7 +662,7 @@ class Kernels:
 
     def ops(self) -> Ops:
         """The layer's parts through these kernels: the elementwise ones always, the
-        projections of up to ``TILE_LINEAR_MAX_ROWS`` rows where AMX is available."""
+        projections too where AMX is available."""
         if not self.has_tile_linear:
             return Ops(norm=self.rms_norm, silu_mul=self.silu_mul)
         return Ops(
@@ -669,27 +673,27 @@ class Kernels:
         )
 
     def linear(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        """``layer(x)``, on AMX tiles for 1 .. ``TILE_LINEAR_MAX_ROWS`` rows of a layer with
-        a ``tile_weight``; through ``layer`` itself otherwise."""
-        if layer.tile_weight is None or not 0 < x.shape[0] <= TILE_LINEAR_MAX_ROWS:
+        """``layer(x)`` on AMX tiles where the layer has a tile layout; through ``layer``
+        itself otherwise."""
+        if not layer.has_tile_layout or x.shape[0] == 0:
             return layer(x)
         return self._tile_linear(layer, x, None)
 
     def linear_add(self, layer: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``layer.add(x, residual)``, on AMX tiles as ``linear``."""
-        if layer.tile_weight is None or not 0 < x.shape[0] <= TILE_LINEAR_MAX_ROWS:
+        if not layer.has_tile_layout or x.shape[0] == 0:
             return layer.add(x, residual)
         return self._tile_linear(layer, x, residual.contiguous())
 
     def _tile_linear(
         self, layer: Linear, x: torch.Tensor, residual: torch.Tensor | None
     ) -> torch.Tensor:
-        assert layer.tile_weight is not None and x.dtype == torch.bfloat16
+        assert x.dtype == torch.bfloat16
         x = x.contiguous()
         rows = x.shape[0]
         out = x.new_empty((rows, layer.out_features))
         self.lib.tile_linear_bf16(
-            _ptr(layer.tile_weight), _ptr(x), 0 if residual is None else _ptr(residual),
+            _ptr(layer.tile_weight()), _ptr(x), 0 if residual is None else _ptr(residual),
             _ptr(out), rows, layer.out_features, layer.in_features, torch.get_num_threads(),
         )  # fmt: skip
         return out

@@ -75,6 +75,7 @@ class ModelRunner:
         self.rope = RotaryTable(weights.args, max_model_len, weights.dtype, self.device)
         self.sampler = Sampler(rng)
         self.ops: Ops = TORCH_OPS if self.kernels is None else self.kernels.ops()
+        self._build_layouts(tiles=self.kernels is not None and self.kernels.has_tile_linear)
         # The torch-op attention handles one query per sequence; the kernel any few.
         self.kernel_max_rows = 1 if self.kernels is None else KERNEL_MAX_ROWS
         self.graphs = (
@@ -82,6 +83,18 @@ class ModelRunner:
             if cuda_graphs and self.device.type == "cuda"
             else None
         )
+
+    def _build_layouts(self, tiles: bool) -> None:
+        """Build each projection's matmul layout now rather than in the first step: AMX
+        tiles for the layers where the kernels run them, oneDNN's packed copies
+        otherwise (and for the LM head)."""
+        for layer in self.weights.layers:
+            for linear in layer.linears:
+                if tiles and linear.has_tile_layout:
+                    linear.tile_weight()
+                else:
+                    linear.packed_weight()
+        self.weights.lm_head.packed_weight()
 
     def check(self, s: ScheduledRequest) -> str | None:
         """Why ``s`` cannot run, or ``None`` when it can."""

@@ -196,18 +196,16 @@ class LlamaWeights:
             layers.append(
                 LayerWeights(
                     input_norm=take(p + "input_layernorm.weight"),
-                    qkv=Linear(torch.cat(attn, dim=0), tiles=True),
+                    qkv=Linear(torch.cat(attn, dim=0)),
                     o=Linear(
                         take(p + "self_attn.o_proj.weight"),
                         dense_from_rows=DENSE_FROM_ROWS,
-                        tiles=True,
                     ),
                     post_norm=take(p + "post_attention_layernorm.weight"),
-                    gate_up=Linear(torch.cat(mlp, dim=0), tiles=True),
+                    gate_up=Linear(torch.cat(mlp, dim=0)),
                     down=Linear(
                         take(p + "mlp.down_proj.weight"),
                         dense_from_rows=DENSE_FROM_ROWS,
-                        tiles=True,
                     ),
                 )
             )
@@ -218,8 +216,6 @@ class LlamaWeights:
             embed=embed,
             layers=layers,
             norm=take("model.norm.weight"),
-            # No tile layout: on this one large matrix oneDNN was as fast as the AMX
-            # linear (SmolLM2's, 2 threads: 1.25 ms each at 1 row, 2.07 against 2.23 at 64).
             lm_head=Linear(embed if tied else take("lm_head.weight")),
         )
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from plugins.torch_executor.linear import Linear
-from plugins.torch_executor.native import TILE_LINEAR_MAX_ROWS, Kernels, load_kernels
+from plugins.torch_executor.native import Kernels, load_kernels
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,10 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
 
 def test_the_layout_pairs_inputs_within_blocks_of_16_outputs() -> None:
     weight = torch.randn(48, 64).to(torch.bfloat16)
-    layout = Linear(weight, tiles=True).tile_weight
-    assert layout is not None and layout.shape == (3, 32, 16, 2)
+    layer = Linear(weight)
+    assert layer.has_tile_layout
+    layout = layer.tile_weight()
+    assert layout.shape == (3, 32, 16, 2) and layer.tile_weight() is layout  # built once
     for block, pair, lane, half in [(0, 0, 0, 0), (2, 31, 15, 1), (1, 3, 7, 0), (1, 20, 9, 1)]:
         assert layout[block, pair, lane, half] == weight[16 * block + lane, 2 * pair + half]
 
@@ -45,18 +47,29 @@ def test_the_layout_pairs_inputs_within_blocks_of_16_outputs() -> None:
     ],
 )
 def test_no_layout_where_it_does_not_apply(weight: torch.Tensor, why: str) -> None:
-    assert Linear(weight, tiles=True).tile_weight is None, why
+    layer = Linear(weight)
+    assert not layer.has_tile_layout, why
+    with pytest.raises(ValueError, match="no tile layout"):
+        layer.tile_weight()
 
 
-def test_no_layout_unless_asked() -> None:
-    assert Linear(torch.randn(32, 64).to(torch.bfloat16)).tile_weight is None
+def test_layers_without_a_tile_layout_take_their_own_matmul(kernels: Kernels) -> None:
+    gen = torch.Generator().manual_seed(5)
+    layer = Linear(torch.randn(40, 64, generator=gen).to(torch.bfloat16))
+    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    residual = torch.randn(3, 40, generator=gen).to(torch.bfloat16)
+    assert torch.equal(kernels.linear(layer, x), layer(x))
+    assert torch.equal(kernels.linear_add(layer, x, residual), layer.add(x, residual))
 
 
 # 16 outputs: one block, so no second output tile and the second thread has nothing; 48:
-# an odd number of blocks; rows 1, 17, 33 and 63 leave partial row tiles (a padded copy),
-# 16 and 64 none; 17 and 48 one pair of row tiles plus one alone.
-@pytest.mark.parametrize(("out_features", "in_features"), [(16, 64), (48, 96), (960, 576)])
-@pytest.mark.parametrize("rows", [1, 2, 16, 17, 33, 48, 63, TILE_LINEAR_MAX_ROWS])
+# an odd number of blocks; (3072, 576) and (576, 1536): weights of more than one L2-sized
+# chunk per thread. Rows 1, 17, 33, 63 and 300 leave partial row tiles (a padded copy),
+# 16, 64 and 512 none; 17 and 48 end on a row tile without a partner.
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(16, 64), (48, 96), (3072, 576), (576, 1536)]
+)
+@pytest.mark.parametrize("rows", [1, 2, 16, 17, 33, 48, 63, 64, 300, 512])
 def test_tile_linear_is_the_exact_product_rounded_once(
     kernels: Kernels, out_features: int, in_features: int, rows: int
 ) -> None:
@@ -64,7 +77,7 @@ def test_tile_linear_is_the_exact_product_rounded_once(
     weight = torch.randn(out_features, in_features, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, in_features, generator=gen).to(torch.bfloat16)
     residual = torch.randn(rows, out_features, generator=gen).to(torch.bfloat16)
-    layer = Linear(weight, tiles=True)
+    layer = Linear(weight)
     product = x.double() @ weight.double().t()  # exact: bfloat16 products fit in float64
     for got, exact in [
         (kernels.linear(layer, x), product),
@@ -77,23 +90,12 @@ def test_tile_linear_is_the_exact_product_rounded_once(
         assert (error <= bf16_ulp(exact) + 1e-4).all(), error.max().item()
 
 
-@pytest.mark.parametrize("rows", [1, 64])
+@pytest.mark.parametrize("rows", [1, 64, 256])
 def test_tile_linear_agrees_with_the_packed_matmul(kernels: Kernels, rows: int) -> None:
     gen = torch.Generator().manual_seed(7)
-    layer = Linear(torch.randn(576, 1536, generator=gen).to(torch.bfloat16), tiles=True)
+    layer = Linear(torch.randn(576, 1536, generator=gen).to(torch.bfloat16))
     x = torch.randn(rows, 1536, generator=gen).to(torch.bfloat16)
     ours, theirs = kernels.linear(layer, x).float(), layer(x).float()
     assert (ours - theirs).abs().max().item() <= 2 * bf16_ulp(theirs).max().item()
     # Mostly bit for bit: the two differ only where the float32 sums round apart.
     assert (ours == theirs).float().mean().item() > 0.9
-
-
-def test_more_rows_or_no_layout_take_the_layer_itself(kernels: Kernels) -> None:
-    gen = torch.Generator().manual_seed(3)
-    weight = torch.randn(32, 64, generator=gen).to(torch.bfloat16)
-    residual = torch.randn(TILE_LINEAR_MAX_ROWS + 1, 32, generator=gen).to(torch.bfloat16)
-    x = torch.randn(TILE_LINEAR_MAX_ROWS + 1, 64, generator=gen).to(torch.bfloat16)
-    with_layout, without = Linear(weight, tiles=True), Linear(weight)
-    assert torch.equal(kernels.linear(with_layout, x), with_layout(x))
-    assert torch.equal(kernels.linear_add(with_layout, x, residual), with_layout.add(x, residual))
-    assert torch.equal(kernels.linear(without, x[:1]), without(x[:1]))
