@@ -49,10 +49,12 @@ def import_llmapi() -> Any:
 
 
 def _release(loop: EventLoopThread, owned: list[Any]) -> None:
-    """Stop the event loop (cancelling the stream tasks), then the LLM."""
-    loop.stop()
+    """Shut the LLM down, then stop the event loop (cancelling the stream tasks). In this
+    order no result of a request still in flight is handed to a closed loop: the LLM's
+    worker threads deliver to the loop until its shutdown returns."""
     for llm in owned:
         llm.shutdown()
+    loop.stop()
 
 
 class TrtllmLlmApiExecutor:
