@@ -27,7 +27,12 @@ from tests.gateway.support import metric, running_server, sse_events
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve" / "smollm2-cpu.yaml"
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# Greedy answers here must not hang on a near-tie: to the bare "What is the capital of
+# France?" the first token led the runner-up by 0.08 in float32 (25.33 against 25.24),
+# under bfloat16's rounding of logits near 25 (0.125), so the summation order of a
+# matmul decided the answer. This question's greedy answer leads by at least 0.86 at
+# every token in float32.
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
 @pytest.fixture(scope="module")
