@@ -249,6 +249,18 @@ static void rope_store(const T* qkv, const int64_t* positions, const T* cos, con
     const int64_t head_stride = num_blocks * bs * hd;
     #pragma omp parallel for num_threads(threads) if (n >= 16)
     for (int64_t r = 0; r < n; ++r) {
+        if (r + 1 < n) {
+            // The next row's slots, for writing: its K column touches a line every
+            // 64 bytes / (bs elements) of head dims, each a miss to memory (the block was
+            // last written a step ago), so the misses overlap this row's RoPE.
+            const int64_t nb = slots[r + 1] / bs, no = slots[r + 1] % bs;
+            const int64_t every = std::max<int64_t>(1, 64 / (bs * (int64_t)sizeof(T)));
+            for (int64_t h = 0; h < kv_heads; ++h) {
+                const T* kt = k + h * head_stride + nb * hd * bs + no;
+                for (int64_t d = 0; d < hd; d += every) __builtin_prefetch(kt + d * bs, 1, 3);
+                __builtin_prefetch(v + h * head_stride + (nb * bs + no) * hd, 1, 3);
+            }
+        }
         const T* row = qkv + r * stride;
         const T* c = cos + positions[r] * hd;
         const T* s = sin + positions[r] * hd;
