@@ -28,7 +28,7 @@ class Ops:
     hidden]``; ``silu_mul(gate_up)``, ``silu(gate) * up`` of ``[rows, 2 * inter]`` ->
     ``[rows, inter]``; ``linear(layer, x)``, ``layer(x)``; ``linear_add(layer, x,
     residual)``, ``layer.add(x, residual)``. ``TORCH_OPS`` below, or the CPU kernels
-    (``native.py``: one pass each, and AMX projections for up to 64 rows)."""
+    (``native.py``: one pass each, and the projections on AMX tiles)."""
 
     norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]

@@ -197,16 +197,10 @@ class LlamaWeights:
                 LayerWeights(
                     input_norm=take(p + "input_layernorm.weight"),
                     qkv=Linear(torch.cat(attn, dim=0)),
-                    o=Linear(
-                        take(p + "self_attn.o_proj.weight"),
-                        dense_from_rows=DENSE_FROM_ROWS,
-                    ),
+                    o=Linear(take(p + "self_attn.o_proj.weight"), dense_from_rows=DENSE_FROM_ROWS),
                     post_norm=take(p + "post_attention_layernorm.weight"),
                     gate_up=Linear(torch.cat(mlp, dim=0)),
-                    down=Linear(
-                        take(p + "mlp.down_proj.weight"),
-                        dense_from_rows=DENSE_FROM_ROWS,
-                    ),
+                    down=Linear(take(p + "mlp.down_proj.weight"), dense_from_rows=DENSE_FROM_ROWS),
                 )
             )
         embed = take("model.embed_tokens.weight")
