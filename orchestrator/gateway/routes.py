@@ -3,12 +3,13 @@ answers, so ``/openapi.json`` states the real statuses, error body and media typ
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
 
 from orchestrator.gateway.lifecycle import GatewayLifecycle
 from orchestrator.gateway.metrics import GatewayMetrics
@@ -76,8 +77,19 @@ class ReadyStatus(BaseModel):
     status: Literal["ready", "loading", "load failed", "draining", "engine stopped"]
 
 
+def _integer_text(value: object) -> object:
+    """A header arrives as text; only a plain integer (``-3``, ``7``) is one here. Without
+    this, lax parsing read ``+0.0`` as 0 while the OpenAPI schema says integer."""
+    if isinstance(value, str) and not _INTEGER.fullmatch(value.strip()):
+        raise ValueError("must be an integer, such as 0 or -2")
+    return value
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
 PriorityHeader = Annotated[
     int | None,
+    BeforeValidator(_integer_text),
     Header(
         alias="X-Priority",
         ge=PRIORITY_MIN,
