@@ -89,13 +89,13 @@ _INTEGER = re.compile(r"-?[0-9]+")
 
 PriorityHeader = Annotated[
     int | None,
-    BeforeValidator(_integer_text),
     Header(
         alias="X-Priority",
         ge=PRIORITY_MIN,
         le=PRIORITY_MAX,
         description="Priority when the body has none (lower is served first).",
     ),
+    BeforeValidator(_integer_text),
 ]
 
 
