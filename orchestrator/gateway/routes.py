@@ -77,6 +77,9 @@ class ReadyStatus(BaseModel):
     status: Literal["ready", "loading", "load failed", "draining", "engine stopped"]
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def _integer_text(value: object) -> object:
     """A header arrives as text; only a plain integer (``-3``, ``7``) is one here. Without
     this, lax parsing read ``+0.0`` as 0 while the OpenAPI schema says integer."""
@@ -84,8 +87,6 @@ def _integer_text(value: object) -> object:
         raise ValueError("must be an integer, such as 0 or -2")
     return value
 
-
-_INTEGER = re.compile(r"-?[0-9]+")
 
 PriorityHeader = Annotated[
     int | None,

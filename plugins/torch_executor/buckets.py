@@ -1,5 +1,6 @@
-"""Shape buckets for the CPU: the row and context counts a step's matmuls and prefill
-attention run at.
+"""Shape buckets for the CPU: the row and context counts a step's oneDNN matmuls and
+prefill attention run at (the CPU kernels' AMX projections keep no per-shape state and
+run at exact row counts).
 
 oneDNN (through ideep) keeps a compiled primitive per matmul input shape, and the CPU
 flash-attention kernel of ``scaled_dot_product_attention`` compiles a small GEMM kernel

@@ -54,8 +54,8 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         self._dense_from_rows = dense_from_rows
-        self._bucketed = weight.device.type == "cpu"  # see buckets.py
-        self._pack = pack and self._bucketed and torch.backends.mkldnn.is_available()
+        self._on_cpu = weight.device.type == "cpu"  # oneDNN matmuls bucket rows there
+        self._pack = pack and self._on_cpu and torch.backends.mkldnn.is_available()
         self._packed: torch.Tensor | None = None
         self._tiles: torch.Tensor | None = None
 
@@ -69,7 +69,7 @@ class Linear:
         """Whether ``tile_weight`` applies: a CPU bfloat16 weight of a multiple of 16
         outputs and of 32 inputs (whole tiles)."""
         return (
-            self._bucketed
+            self._on_cpu
             and self.dtype == torch.bfloat16
             and self.out_features % 16 == 0
             and self.in_features % 32 == 0
@@ -106,7 +106,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[rows, in_features]`` -> ``[rows, out_features]``."""
         rows = x.shape[0]
-        padded = padded_rows(rows) if self._bucketed else rows
+        padded = padded_rows(rows) if self._on_cpu else rows
         if padded != rows:
             x = pad_dim(x, 0, padded)
         packed = self._packed_for(padded)
@@ -120,7 +120,7 @@ class Linear:
         """``residual + x @ W.T``: ``x`` ``[rows, in_features]``, ``residual`` ``[rows,
         out_features]`` (contiguous) -> a new ``[rows, out_features]``."""
         rows = x.shape[0]
-        padded = padded_rows(rows) if self._bucketed else rows
+        padded = padded_rows(rows) if self._on_cpu else rows
         if padded != rows:
             x, residual = pad_dim(x, 0, padded), pad_dim(residual, 0, padded)
         packed = self._packed_for(padded)
