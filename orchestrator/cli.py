@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "orchestrator.gateway.cli",
     "orchestrator.sim.cli",
     "orchestrator.bench.cli",
+    "orchestrator.doctor",
 )
 
 

@@ -36,6 +36,9 @@ class ExecutorInfo:
     alternatives, not only the chosen token's logprob; ``seeded_survives_preemption``:
     a seeded request's random sequence continues unchanged after recompute preemption.
     ``num_gpus`` is how many accelerators one replica of it occupies (1 for a CPU).
+    ``platform`` names what it runs on and in, as ``(key, value)`` pairs (e.g. device,
+    dtype, kernel variant), for the start-up log and ``/metrics``; free-form, never
+    interpreted outside the executor.
     """
 
     num_kv_blocks: int
@@ -47,6 +50,7 @@ class ExecutorInfo:
     top_logprobs: bool = True
     seeded_survives_preemption: bool = True
     num_gpus: int = 1
+    platform: tuple[tuple[str, str], ...] = ()
 
 
 @runtime_checkable
@@ -75,7 +79,9 @@ class ExecutorFactory(Protocol):
     """What an entry point names: a class with a pydantic ``Config`` and ``from_config``.
 
     ``Config`` must import without the backend's heavy dependencies so that config files
-    validate on any machine; ``from_config`` may import them.
+    validate on any machine; ``from_config`` may import them. A factory may also define
+    ``describe(config, engine) -> tuple[tuple[str, str], ...]``: what ``from_config``
+    would run on and in, without loading anything heavy (``orchestrator doctor`` prints it).
     """
 
     Config: ClassVar[type[BaseModel]]

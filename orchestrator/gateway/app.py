@@ -38,7 +38,9 @@ def create_app(
     the model loads. API keys are read from ``config.server`` and ``environ``."""
     server = config.server
     lifecycle: GatewayLifecycle
-    metrics = GatewayMetrics(lambda: lifecycle.engine_stats(), config.model.name)
+    metrics = GatewayMetrics(
+        lambda: lifecycle.engine_stats(), config.model.name, lambda: lifecycle.executor_platform()
+    )
 
     def make_serving(engine: AsyncEngine, tokenizer: Tokenizer) -> OpenAIServing:
         return OpenAIServing(

@@ -93,6 +93,10 @@ class GatewayLifecycle:
     def engine_stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None
 
+    def executor_platform(self) -> tuple[tuple[str, str], ...]:
+        """The executor's ``info().platform`` labels; empty while no engine runs."""
+        return self.engine.core.info.platform if self.engine is not None else ()
+
     def serving_or_503(self) -> OpenAIServing:
         if self.serving is None:
             if self.fatal.is_set():

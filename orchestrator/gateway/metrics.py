@@ -36,11 +36,26 @@ class _EngineCollector(Collector):
     """Gauges and the preemption counter, from the engine's latest stats; the router's
     gauges again under vLLM's names."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None], model_name: str) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats | None],
+        model_name: str,
+        platform: Callable[[], tuple[tuple[str, str], ...]],
+    ) -> None:
         self._stats = stats
         self._model_name = model_name
+        self._platform = platform
 
     def collect(self) -> Iterator[Metric]:
+        labels = self._platform()
+        if labels:
+            info = GaugeMetricFamily(
+                f"{PREFIX}_executor_info",
+                "What the executor runs on and in (device, dtype, kernels, ...); always 1.",
+                labels=[k for k, _ in labels],
+            )
+            info.add_metric([v for _, v in labels], 1.0)
+            yield info
         stats = self._stats()
         if stats is None:  # the model is still loading
             return
@@ -111,9 +126,15 @@ class _EngineCollector(Collector):
 
 class GatewayMetrics:
     """The gateway's Prometheus metrics. ``stats`` returns the engine's latest stats, or
-    ``None`` while no engine runs; ``model_name`` labels the vLLM-named gauges."""
+    ``None`` while no engine runs; ``model_name`` labels the vLLM-named gauges;
+    ``platform`` returns the executor's ``info().platform`` labels (empty while none)."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None], model_name: str) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats | None],
+        model_name: str,
+        platform: Callable[[], tuple[tuple[str, str], ...]] = tuple,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(
@@ -165,7 +186,7 @@ class GatewayMetrics:
         self.generation_tokens = Counter(
             f"{PREFIX}_generation_tokens", "Output tokens generated (as in usage).", registry=r
         )
-        r.register(_EngineCollector(stats, model_name))
+        r.register(_EngineCollector(stats, model_name, platform))
 
     def observe_request(
         self, record: RequestRecord, finish_reason: FinishReason, queue_time_s: float | None

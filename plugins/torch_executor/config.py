@@ -15,11 +15,18 @@ class TorchExecutorConfig(BaseModel):
 
     - ``device``: ``cpu``, or ``cuda`` for the first GPU (the same forward, with
       captured CUDA graphs for decode steps).
-    - ``dtype``: weights, activations and KV cache. ``bfloat16`` is the default because it
-      was fastest for prefill and decode on the benchmark (docs/torch_executor.md).
-    - ``kernels``: ``auto`` builds the CPU kernels (RMSNorm, RoPE with the cache write,
-      paged attention in place) on first use with the system C++ compiler and falls back
-      to torch ops where that fails; ``torch`` always uses torch ops (the reference path).
+    - ``dtype``: activations, KV cache and dense weights. ``auto`` (the default): bfloat16
+      where the CPU computes it natively (AMX-BF16, AVX512-BF16, AVX-NE-CONVERT) and on
+      CUDA, float32 elsewhere; an explicit ``bfloat16`` on a CPU that cannot run it is a
+      start-up error naming the missing features (``precision.py``).
+    - ``weights``: how the projections' weights are stored. ``auto``: ``int8`` (per-group
+      scales) for the float32 model on CPU with the CPU kernels, ``dense`` otherwise;
+      ``int8`` and ``bfloat16`` (stored, widened to float32 in registers) need
+      ``dtype: float32`` on CPU and the kernels. Accuracy of each: docs/torch_executor.md.
+    - ``kernels``: ``auto`` loads the CPU kernels of the highest ISA level this CPU runs
+      (``ORCHESTRATOR_CPU_ISA`` forces a lower one), prebuilt or built on first use with
+      the system C++ compiler, and falls back to torch ops where none loads; ``torch``
+      always uses torch ops (the reference path).
     - ``cuda_graphs``: on CUDA, replay captured graphs for decode-only steps.
     - ``num_threads``: intra-op threads for torch; ``None`` keeps torch's default (one
       per core). torch's thread pool is process-wide, so the last executor built wins.
@@ -33,7 +40,8 @@ class TorchExecutorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    weights: Literal["auto", "dense", "int8", "bfloat16"] = "auto"
     kernels: Literal["auto", "torch"] = "auto"
     cuda_graphs: bool = True
     num_threads: int | None = Field(None, ge=1)

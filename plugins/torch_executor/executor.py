@@ -6,6 +6,8 @@ config files on machines without it; the model code loads in ``from_config``.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -17,6 +19,8 @@ if TYPE_CHECKING:
     from orchestrator.core import EngineConfig
     from plugins.torch_executor.runner import ModelRunner
     from plugins.torch_executor.weights import LlamaWeights
+
+log = logging.getLogger(__name__)
 
 
 class TorchExecutor:
@@ -35,7 +39,10 @@ class TorchExecutor:
       runs as if it were absent.
     - The device is the weights'; on the CPU, ``kernels`` (``auto`` or ``torch``) picks
       the CPU kernels or torch ops (``native.py``), and their build is cached under
-      ``kernel_dir`` (default: the default cache folder).
+      ``kernel_dir`` (default: the default cache folder); ``weights`` picks how the
+      projections are stored (``precision.resolve_weights``).
+    - ``info().platform`` names what runs: device, dtype, weight format, kernel variant,
+      the CPU and the features read from it; it is logged at start.
     """
 
     Config: ClassVar[type[TorchExecutorConfig]] = TorchExecutorConfig
@@ -51,6 +58,7 @@ class TorchExecutor:
         kernels: Literal["auto", "torch"] = "auto",
         kernel_dir: Path | None = None,
         cuda_graphs: bool = True,
+        weights_format: Literal["auto", "dense", "int8", "bfloat16"] = "dense",
     ) -> None:
         """Serve ``weights`` (shared, never modified) with a fresh KV pool of
         ``num_blocks`` blocks of ``block_size`` tokens on the weights' device. ``seed``
@@ -59,6 +67,9 @@ class TorchExecutor:
         import torch
 
         from plugins.torch_executor import native
+        from plugins.torch_executor.compact import WeightFormat
+        from plugins.torch_executor.cpu_features import cpu_model, detect
+        from plugins.torch_executor.precision import resolve_weights
         from plugins.torch_executor.runner import ModelRunner
 
         args = weights.args
@@ -77,10 +88,34 @@ class TorchExecutor:
             rng.manual_seed(seed)
         self._num_blocks = num_blocks
         loaded = None
-        if kernels == "auto" and weights.device.type == "cpu" and native.supports(weights.dtype):
+        device = weights.device.type
+        if kernels == "auto" and device == "cpu" and native.supports(weights.dtype):
             loaded = native.load_kernels(kernel_dir or Path(DEFAULT_CACHE_DIR).expanduser())
+        dtype = "bfloat16" if weights.dtype == torch.bfloat16 else "float32"
+        fmt, why = resolve_weights(weights_format, dtype, device, loaded is not None)
         self._runner: ModelRunner | None = ModelRunner(
-            weights, num_blocks, block_size, self.max_model_len, rng, loaded, cuda_graphs
+            weights,
+            num_blocks,
+            block_size,
+            self.max_model_len,
+            rng,
+            loaded,
+            cuda_graphs,
+            WeightFormat(fmt),
+        )
+        features = " ".join(detect().names()) if device == "cpu" else ""
+        self.platform = (
+            ("device", device),
+            ("dtype", dtype),
+            ("weights", fmt),
+            ("kernels", loaded.variant if loaded is not None else "torch"),
+            ("cpu", cpu_model()),
+            ("cpu_features", features or "none"),
+        )
+        log.info(
+            "torch executor: %s (weights %s)",
+            ", ".join(f"{k} {v}" for k, v in self.platform),
+            why,
         )
 
     @classmethod
@@ -89,7 +124,10 @@ class TorchExecutor:
         pool from ``config.kv_cache_gib``."""
         import torch
 
+        from plugins.torch_executor.cpu_features import detect
+        from plugins.torch_executor.kernel_build import effective
         from plugins.torch_executor.paged import PagedKVCache
+        from plugins.torch_executor.precision import resolve_dtype
         from plugins.torch_executor.weights import load_weights
 
         options = (
@@ -99,9 +137,12 @@ class TorchExecutor:
         )
         if options.num_threads is not None:
             torch.set_num_threads(options.num_threads)
-        dtype = getattr(torch, options.dtype)
         if options.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("executor.device is cuda, but torch sees no CUDA device here")
+        features = effective(detect())
+        name, why = resolve_dtype(options.dtype, options.device, features)
+        log.info("torch executor dtype %s (%s)", name, why)
+        dtype = getattr(torch, name)
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
         block_size = engine.cache.block_size
         per_block = PagedKVCache.bytes_per_block(weights.args, block_size, dtype)
@@ -109,7 +150,7 @@ class TorchExecutor:
         if num_blocks < 1:
             raise ValueError(
                 f"kv_cache_gib={options.kv_cache_gib} holds no block of {block_size} tokens "
-                f"({per_block} bytes each in {options.dtype})"
+                f"({per_block} bytes each in {name})"
             )
         return cls(
             weights,
@@ -120,6 +161,33 @@ class TorchExecutor:
             kernels=options.kernels,
             kernel_dir=options.cache_path,
             cuda_graphs=options.cuda_graphs,
+            weights_format=options.weights,
+        )
+
+    @classmethod
+    def describe(cls, config: Any, engine: EngineConfig) -> tuple[tuple[str, str], ...]:
+        """What ``from_config`` would run on and in, without loading the model: the CPU,
+        the features read from it, the kernel variant, the dtype and the weight format.
+        Raises ``ValueError`` where ``from_config`` would refuse the options."""
+        from plugins.torch_executor import kernel_build
+        from plugins.torch_executor.cpu_features import cpu_model, detect
+        from plugins.torch_executor.precision import resolve_dtype, resolve_weights
+
+        options = cls.Config.model_validate(config or {})
+        features = detect()
+        variant = kernel_build.select_variant(features)
+        dtype, why = resolve_dtype(options.dtype, options.device, kernel_build.effective(features))
+        on_cpu = options.device == "cpu"
+        kernels = variant.name if on_cpu and options.kernels == "auto" else "torch"
+        fmt, fmt_why = resolve_weights(options.weights, dtype, options.device, kernels != "torch")
+        return (
+            ("cpu", cpu_model()),
+            ("cpu_features", " ".join(features.names()) or "none"),
+            ("isa_override", os.environ.get(kernel_build.ISA_ENV) or "none"),
+            ("kernels", kernels),
+            ("device", options.device),
+            ("dtype", f"{dtype} ({why})"),
+            ("weights", f"{fmt} ({fmt_why}; int8 needs the kernels to build or be prebuilt)"),
         )
 
     @property
@@ -135,6 +203,7 @@ class TorchExecutor:
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             eos_token_ids=tuple(self.eos_token_ids),
+            platform=self.platform,
         )
 
     def execute(self, plan: SchedulerOutput) -> StepResult:

@@ -6,6 +6,9 @@ Two ways to run it on CPU:
 - **AMX tiles** (the CPU kernels' ``tile_linear``, ``native.py``), in bfloat16 where the
   CPU has AMX: ``tile_weight()`` is the weight as AMX's B tiles. The kernels' ``Ops``
   route every projection of a layer there.
+- **Compact weights** (``compact.py``: int8 with per-group scales, or bfloat16) for the
+  float32 model's decode-sized matmuls: ``compact_weight(fmt)``, which the CPU kernels'
+  compact projections read.
 - **oneDNN**, everywhere else: ``__call__`` and ``add``. ``F.linear`` on CPU reorders the
   weight for oneDNN (bfloat16) or calls MKL (float32) on every call; packing once and
   calling oneDNN's linear directly ran 2-3x faster at decode sizes (1-64 rows) and
@@ -26,8 +29,12 @@ switch to the dense weight for long chunks (``dense_from_rows``).
 On CPU every oneDNN matmul runs at a bucketed row count (``buckets.padded_rows``), so
 oneDNN's per-shape primitives stay few. The tile kernel keeps no per-shape state.
 
-Memory: the dense weight plus one layout, two copies in all; the layout is built by the
-first call that needs it (``ModelRunner`` builds it at start).
+oneDNN's bfloat16 matmuls need AVX-NE-CONVERT or AVX-512 BW/VL/DQ (``cpu_features``);
+without them a bfloat16 weight is not packed and ``F.linear`` runs on the dense weight.
+
+Memory: the dense weight plus the layouts in use (oneDNN's packed copy, the tiles, a
+compact copy), each built by the first call that needs it (``ModelRunner`` builds them
+at start).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ import torch
 import torch.nn.functional as F
 
 from plugins.torch_executor.buckets import pad_dim, padded_rows
+from plugins.torch_executor.compact import CompactWeight, WeightFormat, compact
+from plugins.torch_executor.cpu_features import detect
 
 # oneDNN picks its blocking from an expected row count; 64 was as fast as the best
 # choice from 1 to 512 rows in both dtypes.
@@ -56,8 +65,11 @@ class Linear:
         self._dense_from_rows = dense_from_rows
         self._on_cpu = weight.device.type == "cpu"  # oneDNN matmuls bucket rows there
         self._pack = pack and self._on_cpu and torch.backends.mkldnn.is_available()
+        if self.dtype == torch.bfloat16 and not detect().onednn_bfloat16:
+            self._pack = False  # oneDNN's bfloat16 reorder raises on this CPU
         self._packed: torch.Tensor | None = None
         self._tiles: torch.Tensor | None = None
+        self._compact: dict[WeightFormat, CompactWeight] = {}
 
     @property
     def num_bytes(self) -> int:
@@ -90,6 +102,13 @@ class Linear:
                 self.weight.view(out // 16, 16, inp // 2, 2).permute(0, 2, 1, 3).contiguous()
             )
         return self._tiles
+
+    def compact_weight(self, fmt: WeightFormat) -> CompactWeight:
+        """The weight in ``fmt``'s compact layout (``compact.py``), built on the first call;
+        ``ValueError`` where the shape has none."""
+        if fmt not in self._compact:
+            self._compact[fmt] = compact(self.weight, fmt)
+        return self._compact[fmt]
 
     def packed_weight(self) -> torch.Tensor | None:
         """oneDNN's packed copy, built on the first call; ``None`` without ``pack``."""

@@ -27,13 +27,15 @@ class Ops:
     """How a layer runs its parts: ``norm(x, weight, eps)``, RMSNorm of ``x`` ``[rows,
     hidden]``; ``silu_mul(gate_up)``, ``silu(gate) * up`` of ``[rows, 2 * inter]`` ->
     ``[rows, inter]``; ``linear(layer, x)``, ``layer(x)``; ``linear_add(layer, x,
-    residual)``, ``layer.add(x, residual)``. ``TORCH_OPS`` below, or the CPU kernels
-    (``native.py``: one pass each, and the projections on AMX tiles)."""
+    residual)``, ``layer.add(x, residual)``; ``head(lm_head, x)``, the LM head's
+    ``lm_head(x)``. ``TORCH_OPS`` below, or the CPU kernels (``native.py``: one pass each,
+    and the projections on AMX tiles or over compact weights)."""
 
     norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
     linear: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__
     linear_add: Callable[[Linear, torch.Tensor, torch.Tensor], torch.Tensor] = Linear.add
+    head: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__
 
 
 class Attention(Protocol):
@@ -155,4 +157,4 @@ def compute_logits(
     """``hidden``: ``[rows, hidden]`` (only the rows that need logits) -> float32
     ``[rows, vocab]``."""
     normed = ops.norm(hidden, weights.norm, weights.args.rms_norm_eps)
-    return weights.lm_head(normed).float()
+    return ops.head(weights.lm_head, normed).float()

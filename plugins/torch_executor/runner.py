@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
+from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
 from plugins.torch_executor.model import TORCH_OPS, Ops, RotaryTable, compute_logits, forward_hidden
 from plugins.torch_executor.native import Kernels
@@ -53,6 +54,8 @@ class ModelRunner:
 
     ``kernels``: the CPU kernels (``native.load_kernels``), or ``None`` for torch ops
     only. ``cuda_graphs``: on CUDA, replay captured graphs for decode-only steps.
+    ``weights``: how the kernels read the projections (``compact.py``; compact formats
+    need ``kernels`` and float32 weights).
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class ModelRunner:
         rng: torch.Generator,
         kernels: Kernels | None = None,
         cuda_graphs: bool = True,
+        weights_format: WeightFormat = WeightFormat.DENSE,
     ) -> None:
         self.weights = weights
         self.args = weights.args
@@ -74,7 +78,12 @@ class ModelRunner:
         self.cache = PagedKVCache(weights.args, num_blocks, block_size, weights.dtype, self.device)
         self.rope = RotaryTable(weights.args, max_model_len, weights.dtype, self.device)
         self.sampler = Sampler(rng)
-        self.ops: Ops = TORCH_OPS if self.kernels is None else self.kernels.ops()
+        if weights_format is not WeightFormat.DENSE and (
+            self.kernels is None or weights.dtype != torch.float32
+        ):
+            raise ValueError(f"weights {weights_format} need the CPU kernels and float32")
+        self.weights_format = weights_format
+        self.ops: Ops = TORCH_OPS if self.kernels is None else self.kernels.ops(weights_format)
         self._build_layouts(tiles=self.kernels is not None and self.kernels.has_tile_linear)
         # The torch-op attention handles one query per sequence; the kernel any few.
         self.kernel_max_rows = 1 if self.kernels is None else KERNEL_MAX_ROWS
@@ -85,16 +94,31 @@ class ModelRunner:
         )
 
     def _build_layouts(self, tiles: bool) -> None:
-        """Build each projection's matmul layout now rather than in the first step: AMX
+        """Build each projection's matmul layouts now rather than in the first step: AMX
         tiles for the layers where the kernels run them, oneDNN's packed copies
-        otherwise (and for the LM head)."""
-        for layer in self.weights.layers:
-            for linear in layer.linears:
-                if tiles and linear.has_tile_layout:
-                    linear.tile_weight()
-                else:
-                    linear.packed_weight()
-        self.weights.lm_head.packed_weight()
+        otherwise (and for the LM head), and with compact weights their layout too
+        (oneDNN's copy still runs the batches too long for them)."""
+        fmt = self.weights_format
+        for linear in [*(x for layer in self.weights.layers for x in layer.linears),
+                       self.weights.lm_head]:  # fmt: skip
+            if tiles and linear.has_tile_layout and linear is not self.weights.lm_head:
+                linear.tile_weight()
+                continue
+            linear.packed_weight()
+            if applies(fmt, linear.out_features, linear.in_features):
+                linear.compact_weight(fmt)
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights a decode step of a few rows reads (the projections in the
+        layout they run in, the LM head, the norms): a memory roofline's numerator."""
+        w = self.weights
+        fmt = self.weights_format
+        total = w.num_bytes
+        for linear in [*(x for layer in w.layers for x in layer.linears), w.lm_head]:
+            if applies(fmt, linear.out_features, linear.in_features):
+                total += linear.compact_weight(fmt).num_bytes - linear.num_bytes
+        return total
 
     def check(self, s: ScheduledRequest) -> str | None:
         """Why ``s`` cannot run, or ``None`` when it can."""

@@ -1,0 +1,243 @@
+// A float vector of W lanes, so each kernel is written once for every ISA level:
+//   AVX-512 (x86-64-v4 and up): W = 16, one __m512;
+//   AVX2 (x86-64-v3):           W = 8,  one __m256;
+//   portable (anything else):   W = 8,  a plain array the compiler vectorises as it can.
+// Loads widen bfloat16 and int8; stores to bfloat16 round to nearest even. Inputs are
+// finite (no NaN handling). Every function is inline and free of state.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+typedef uint16_t bf16;
+
+// ---------------------------------------------------------------- scalars
+static inline float to_f(float x) { return x; }
+static inline float to_f(bf16 x) { return __builtin_bit_cast(float, (uint32_t)x << 16); }
+template <typename T> static inline T from_f(float x);
+template <> inline float from_f<float>(float x) { return x; }
+template <> inline bf16 from_f<bf16>(float x) {
+    // Round to nearest even, as torch's float -> bfloat16 cast (inputs here are finite).
+    uint32_t u = __builtin_bit_cast(uint32_t, x);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+// Round through T: identity for float, one bfloat16 rounding otherwise.
+template <typename T> static inline float rnd(float x) { return to_f(from_f<T>(x)); }
+
+// exp for softmax: Cephes' single-precision polynomial after range reduction (about 1
+// ulp), branch-free; exactly 0 below -87 (masked keys).
+static inline float fast_exp(float x) {
+    const float xc = std::min(std::max(x, -87.0f), 88.0f);
+    const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+    const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const float e = y * __builtin_bit_cast(float, ((int32_t)n + 127) << 23);
+    return x < -87.0f ? 0.0f : e;
+}
+
+// Cephes' coefficients, shared by every vector exp below.
+#define EXP_POLY(FMA, SET1, y, r)                  \
+    y = SET1(1.9875691500e-4f);                    \
+    y = FMA(y, r, SET1(1.3981999507e-3f));         \
+    y = FMA(y, r, SET1(8.3334519073e-3f));         \
+    y = FMA(y, r, SET1(4.1665795894e-2f));         \
+    y = FMA(y, r, SET1(1.6666665459e-1f));         \
+    y = FMA(y, r, SET1(5.0000001201e-1f))
+
+#if defined(__AVX512F__)
+// ---------------------------------------------------------------- AVX-512
+#define VEC_ISA "avx512"
+constexpr int W = 16;
+struct vf { __m512 v; };
+static inline vf vzero() { return {_mm512_setzero_ps()}; }
+static inline vf vset1(float x) { return {_mm512_set1_ps(x)}; }
+static inline vf vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+static inline vf vload(const bf16* p) {
+    __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(u, 16))};
+}
+static inline vf vload(const int8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+}
+static inline void vstore(float* p, vf a) { _mm512_storeu_ps(p, a.v); }
+// 16 floats to bfloat16, rounded to nearest even. With AVX512-BF16 one instruction does it
+// (the elementwise kernels were bound by the two vector ports, and this saved 5 of their
+// instructions per 16 values); it flushes values below 2^-126 to zero, where torch's
+// cast keeps them as bfloat16 denormals.
+static inline __m256i to_bf16(__m512 v) {
+#if defined(__AVX512BF16__)
+    return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v));
+#else
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+#endif
+}
+static inline void vstore(bf16* p, vf a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(a.v));
+}
+static inline vf operator+(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
+static inline vf operator-(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
+static inline vf operator*(vf a, vf b) { return {_mm512_mul_ps(a.v, b.v)}; }
+static inline vf vfma(vf a, vf b, vf c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+static inline vf vmax(vf a, vf b) { return {_mm512_max_ps(a.v, b.v)}; }
+static inline float vsum(vf a) { return _mm512_reduce_add_ps(a.v); }
+static inline float vhmax(vf a) { return _mm512_reduce_max_ps(a.v); }
+// Lanes from n on replaced by fill.
+static inline vf vfirst(vf a, int n, float fill) {
+    const __mmask16 keep = n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << std::max(n, 0)) - 1u);
+    return {_mm512_mask_mov_ps(_mm512_set1_ps(fill), keep, a.v)};
+}
+// 1 / a by a reciprocal estimate and one Newton step (~1 ulp): a divide was a loop's
+// bottleneck.
+static inline vf vrecip(vf a) {
+    __m512 rc = _mm512_rcp14_ps(a.v);
+    return {_mm512_mul_ps(rc, _mm512_fnmadd_ps(a.v, rc, _mm512_set1_ps(2.0f)))};
+}
+static inline vf vexp(vf a) {
+    const __m512 x = a.v;
+    const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(
+        _mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+    __m512 y;
+    EXP_POLY(_mm512_fmadd_ps, _mm512_set1_ps, y, r);
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512 result = _mm512_scalef_ps(y, n);  // y * 2^n, exact: n is in [-126, 127]
+    return {_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), result)};
+}
+// Round through T: identity for float, one bfloat16 rounding (to nearest even) otherwise.
+template <typename T> static inline vf vround(vf a) {
+    if constexpr (std::is_same_v<T, float>) {
+        return a;
+    } else {
+        return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(a.v)), 16))};
+    }
+}
+static inline void vprefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+#elif defined(__AVX2__) && defined(__FMA__)
+// ---------------------------------------------------------------- AVX2 + FMA
+#define VEC_ISA "avx2"
+constexpr int W = 8;
+struct vf { __m256 v; };
+static inline vf vzero() { return {_mm256_setzero_ps()}; }
+static inline vf vset1(float x) { return {_mm256_set1_ps(x)}; }
+static inline vf vload(const float* p) { return {_mm256_loadu_ps(p)}; }
+static inline vf vload(const bf16* p) {
+    __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(u, 16))};
+}
+static inline vf vload(const int8_t* p) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))};
+}
+static inline void vstore(float* p, vf a) { _mm256_storeu_ps(p, a.v); }
+static inline __m128i to_bf16(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    // Pack the 32-bit halves (each <= 0xFFFF, so no saturation) within lanes, then gather
+    // the two lanes' low quarters.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    return _mm256_castsi256_si128(packed);
+}
+static inline void vstore(bf16* p, vf a) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16(a.v));
+}
+static inline vf operator+(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
+static inline vf operator-(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
+static inline vf operator*(vf a, vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
+static inline vf vfma(vf a, vf b, vf c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+static inline vf vmax(vf a, vf b) { return {_mm256_max_ps(a.v, b.v)}; }
+static inline float vsum(vf a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline float vhmax(vf a) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline vf vfirst(vf a, int n, float fill) {
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 keep = _mm256_cmp_ps(lane, _mm256_set1_ps((float)n), _CMP_LT_OQ);
+    return {_mm256_blendv_ps(_mm256_set1_ps(fill), a.v, keep)};
+}
+static inline vf vrecip(vf a) {
+    __m256 rc = _mm256_rcp_ps(a.v);
+    return {_mm256_mul_ps(rc, _mm256_fnmadd_ps(a.v, rc, _mm256_set1_ps(2.0f)))};
+}
+static inline vf vexp(vf a) {
+    const __m256 x = a.v;
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_floor_ps(
+        _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 y;
+    EXP_POLY(_mm256_fmadd_ps, _mm256_set1_ps, y, r);
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    // 2^n from its exponent bits: n is in [-125, 127] after the clamp.
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 result = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return {_mm256_and_ps(result, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ))};
+}
+template <typename T> static inline vf vround(vf a) {
+    if constexpr (std::is_same_v<T, float>) {
+        return a;
+    } else {
+        return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(to_bf16(a.v)), 16))};
+    }
+}
+static inline void vprefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+
+#else
+// ---------------------------------------------------------------- portable
+#define VEC_ISA "portable"
+constexpr int W = 8;
+struct vf { float v[W]; };
+#define VEC_MAP(expr)                   \
+    vf out;                             \
+    for (int i = 0; i < W; ++i) out.v[i] = (expr); \
+    return out
+static inline vf vzero() { VEC_MAP(0.0f); }
+static inline vf vset1(float x) { VEC_MAP(x); }
+static inline vf vload(const float* p) { VEC_MAP(p[i]); }
+static inline vf vload(const bf16* p) { VEC_MAP(to_f(p[i])); }
+static inline vf vload(const int8_t* p) { VEC_MAP((float)p[i]); }
+static inline void vstore(float* p, vf a) { for (int i = 0; i < W; ++i) p[i] = a.v[i]; }
+static inline void vstore(bf16* p, vf a) { for (int i = 0; i < W; ++i) p[i] = from_f<bf16>(a.v[i]); }
+static inline vf operator+(vf a, vf b) { VEC_MAP(a.v[i] + b.v[i]); }
+static inline vf operator-(vf a, vf b) { VEC_MAP(a.v[i] - b.v[i]); }
+static inline vf operator*(vf a, vf b) { VEC_MAP(a.v[i] * b.v[i]); }
+// a * b + c, left to the compiler: std::fma is a slow library call without hardware FMA.
+static inline vf vfma(vf a, vf b, vf c) { VEC_MAP(a.v[i] * b.v[i] + c.v[i]); }
+static inline vf vmax(vf a, vf b) { VEC_MAP(std::max(a.v[i], b.v[i])); }
+static inline float vsum(vf a) { float s = 0.f; for (int i = 0; i < W; ++i) s += a.v[i]; return s; }
+static inline float vhmax(vf a) { float m = a.v[0]; for (int i = 1; i < W; ++i) m = std::max(m, a.v[i]); return m; }
+static inline vf vfirst(vf a, int n, float fill) { VEC_MAP(i < n ? a.v[i] : fill); }
+static inline vf vrecip(vf a) { VEC_MAP(1.0f / a.v[i]); }
+static inline vf vexp(vf a) { VEC_MAP(fast_exp(a.v[i])); }
+template <typename T> static inline vf vround(vf a) { VEC_MAP(rnd<T>(a.v[i])); }
+static inline void vprefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+#undef VEC_MAP
+#endif
