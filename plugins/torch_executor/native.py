@@ -276,14 +276,16 @@ def _bind(lib: ctypes.CDLL, variant: kernel_build.Variant) -> Kernels:
     return Kernels(lib, variant=variant.name, has_tile_linear=tiles)
 
 
-def load_kernels(cache_dir: Path, features: CpuFeatures | None = None) -> Kernels | None:
-    """The CPU kernels of the highest variant this CPU runs (or ``$ORCHESTRATOR_CPU_ISA``'s),
-    prebuilt or built on first use; where a variant cannot be built or loaded, the next
-    lower one. ``None`` when none can (no compiler), in which case callers use torch ops.
-    Raises ``ValueError`` for an override this CPU cannot run. Loaded once per process,
-    cache folder and variant."""
+def load_kernels(
+    cache_dir: Path, features: CpuFeatures | None = None, variant: str | None = None
+) -> Kernels | None:
+    """The CPU kernels of the highest variant this CPU runs (or of ``variant``, else
+    ``$ORCHESTRATOR_CPU_ISA``'s), prebuilt or built on first use; where a variant cannot
+    be built or loaded, the next lower one. ``None`` when none can (no compiler), in which
+    case callers use torch ops. Raises ``ValueError`` for a variant this CPU cannot run.
+    Loaded once per process, cache folder and variant."""
     features = detect() if features is None else features
-    chosen = kernel_build.select_variant(features)
+    chosen = kernel_build.select_variant(features, variant)
     candidates = kernel_build.runnable(features)
     with _lock:
         for variant in candidates[candidates.index(chosen) :]:

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from plugins.torch_executor.model import RotaryTable, rotate
+from plugins.torch_executor.cpu_features import detect
+from plugins.torch_executor.kernel_build import VARIANT_NAMES, variant_named
 from plugins.torch_executor.native import Kernels, load_kernels
 from plugins.torch_executor.paged import (
     PagedAttention,
@@ -41,12 +43,32 @@ ARGS = ModelArgs(
 )
 
 
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory: pytest.TempPathFactory) -> Kernels:
-    loaded = load_kernels(Path(tmp_path_factory.mktemp("kernels")))
+def variant_kernels(name: str, folder: Path) -> Kernels:
+    """The ``name`` variant's kernels; skips where this CPU cannot run or build them."""
+    if not variant_named(name).runs_on(detect()):
+        pytest.skip(f"this CPU cannot run the {name} kernels ({' '.join(detect().names())})")
+    loaded = load_kernels(folder, variant=name)
     if loaded is None:
         pytest.skip("the CPU kernels cannot be built here (no C++ compiler)")
+    if loaded.variant != name:
+        pytest.skip(f"the {name} kernels do not build here (the compiler lacks its flags)")
     return loaded
+
+
+@pytest.fixture(scope="module", params=VARIANT_NAMES)
+def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Kernels:
+    """The kernels of every variant this CPU runs, each in turn (the others skip)."""
+    return variant_kernels(request.param, tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.fixture(scope="module", params=["torch", *VARIANT_NAMES])
+def kernels_or_torch(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Kernels | None:
+    """``None`` (torch ops), then each variant's kernels as ``kernels``."""
+    if request.param == "torch":
+        return None
+    return variant_kernels(request.param, tmp_path_factory.mktemp("kernels"))
 
 
 def test_slot_mapping_follows_block_tables() -> None:
@@ -97,14 +119,13 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
 # head_dim 64 with 16-token blocks takes the kernel's vectorised path, the others its
 # general one.
 @pytest.mark.parametrize(("block", "head_dim"), [(4, 16), (16, 16), (16, 64)])
-@pytest.mark.parametrize("use_kernels", [True, False])
 def test_paged_attention_equals_dense_attention(
-    block: int, head_dim: int, use_kernels: bool, request: pytest.FixtureRequest
+    block: int, head_dim: int, kernels_or_torch: Kernels | None
 ) -> None:
     """Three steps over scattered blocks: prefixes (a long chunk from 0, short ones),
     then mid-sequence chunks long and short, then decodes; every row against dense
     causal attention over the request's whole sequence."""
-    kernels = request.getfixturevalue("kernels") if use_kernels else None
+    kernels = kernels_or_torch
     args = dataclasses.replace(ARGS, head_dim=head_dim)
     torch.manual_seed(0)
     rng = random.Random(0)

@@ -1,0 +1,97 @@
+"""Every kernel of every variant this CPU runs against its torch reference: the
+elementwise kernels in both dtypes and the compact projections over their layouts.
+(Attention and RoPE run per variant in test_torch_paged.py.)"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+import torch
+
+from plugins.torch_executor.compact import INT8_GROUP, WeightFormat, applies, compact
+from plugins.torch_executor.kernel_build import VARIANT_NAMES
+from plugins.torch_executor.linear import Linear
+from plugins.torch_executor.model import rms_norm, silu_mul
+from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
+from tests.unit.test_torch_paged import variant_kernels
+
+
+@pytest.fixture(scope="module", params=VARIANT_NAMES)
+def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Kernels:
+    return variant_kernels(request.param, Path(tmp_path_factory.mktemp("kernels")))
+
+
+def test_the_library_is_built_for_its_variant(kernels: Kernels) -> None:
+    isa = kernels.lib.kernels_isa
+    isa.restype = ctypes.c_char_p
+    expected = {"amx": "avx512", "avx512": "avx512", "avx2": "avx2", "portable": "portable"}
+    assert isa().decode() == expected[kernels.variant]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [576, 37])  # whole vectors, and a scalar tail
+def test_rms_norm_and_silu_mul_match_torch(kernels: Kernels, dtype: torch.dtype, dim: int) -> None:
+    gen = torch.Generator().manual_seed(dim)
+    x = torch.randn(19, dim, generator=gen).to(dtype)
+    w = torch.randn(dim, generator=gen).to(dtype)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.0, "rtol": 2**-7}
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-5), rms_norm(x, w, 1e-5), **tol)
+    gate_up = torch.randn(19, 2 * dim, generator=gen).to(dtype) * 4
+    expected = silu_mul(gate_up).float()
+    got = kernels.silu_mul(gate_up).float()
+    # bfloat16: one rounding of silu (as transformers) either side of a ~1 ulp exp.
+    torch.testing.assert_close(
+        got, expected, atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 2**-6
+    )
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.BFLOAT16])
+@pytest.mark.parametrize(("out_features", "in_features"), [(16, 64), (960, 576), (576, 1536)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, COMPACT_MAX_ROWS])
+def test_compact_projections_are_the_product_with_their_layout(
+    kernels: Kernels, fmt: WeightFormat, out_features: int, in_features: int, rows: int
+) -> None:
+    """``residual + x @ W.T`` for the layout's exact weights (``CompactWeight.dense``),
+    summed in float32 (so within float32 rounding of the sum's magnitude)."""
+    gen = torch.Generator().manual_seed(rows + out_features)
+    layer = Linear(torch.randn(out_features, in_features, generator=gen))
+    x = torch.randn(rows, in_features, generator=gen)
+    residual = torch.randn(rows, out_features, generator=gen)
+    exact = layer.compact_weight(fmt).dense().double()
+    expected = (x.double() @ exact.T + residual.double()).float()
+    bound = 1e-5 * (x.abs().double() @ exact.abs().T).max().item() + 1e-6
+    got = kernels.compact_linear_add(fmt, layer, x, residual)
+    assert (got - expected).abs().max().item() <= bound
+    plain = kernels.compact_linear(fmt, layer, x)
+    assert (plain - (expected - residual)).abs().max().item() <= bound + 1e-5
+
+
+def test_compact_projections_leave_long_batches_to_the_dense_matmul(kernels: Kernels) -> None:
+    layer = Linear(torch.randn(32, 64))
+    x = torch.randn(COMPACT_MAX_ROWS + 1, 64)
+    assert torch.equal(kernels.compact_linear(WeightFormat.INT8, layer, x), layer(x))
+
+
+def test_int8_layout_and_error_bound() -> None:
+    """Blocks of 16 outputs, input by input; each weight within half a step (its group's
+    largest magnitude / 127 / 2) of the original."""
+    w = torch.randn(48, 2 * INT8_GROUP)
+    c = compact(w, WeightFormat.INT8)
+    assert c.values.shape == (3, 2 * INT8_GROUP, 16) and c.values.dtype == torch.int8
+    assert c.scales is not None and c.scales.shape == (3, 2, 16)
+    assert c.values[1, 5, 7] == torch.round(w[16 + 7, 5] / c.scales[1, 0, 7])
+    step = w.view(48, 2, INT8_GROUP).abs().amax(-1, keepdim=True) / 127
+    err = (c.dense() - w).view(48, 2, INT8_GROUP).abs()
+    assert (err <= step / 2 + 1e-7).all()
+    assert c.num_bytes == 48 * 128 + 48 * 2 * 4
+
+
+def test_layouts_exist_only_for_whole_blocks_and_groups() -> None:
+    assert applies(WeightFormat.INT8, 576, 1536) and applies(WeightFormat.BFLOAT16, 16, 2)
+    assert not applies(WeightFormat.INT8, 40, 64)  # not whole blocks of 16 outputs
+    assert not applies(WeightFormat.INT8, 32, 96)  # not whole groups of 64 inputs
+    assert not applies(WeightFormat.DENSE, 32, 64)
+    with pytest.raises(ValueError, match="no int8 layout"):
+        compact(torch.randn(40, 64), WeightFormat.INT8)
