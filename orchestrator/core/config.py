@@ -9,7 +9,7 @@ whose own pydantic ``Config`` validates the options.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -21,10 +21,15 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.core.executor import executor_class
-from orchestrator.core.sched.admission import ADMISSION_POLICIES
-from orchestrator.core.sched.batching import BATCHING_STRATEGIES
-from orchestrator.core.sched.ordering import ORDERING_POLICIES
+from orchestrator.core.registry import registered_class
+
+# The names config files may use. The behaviour lives in registries beside the classes
+# (``sched/batching.py``, ``sched/ordering.py``, ``sched/admission.py``); this module
+# only names them, so it imports no behaviour, and a unit test checks that each
+# registry's keys are exactly its ``Literal``'s values.
+BatchingName = Literal["continuous", "prefill_first", "static"]
+PolicyName = Literal["fcfs", "priority", "slo"]
+AdmissionName = Literal["queue_limits", "slo"]
 
 DEFAULT_MODEL_SOURCE = "embedded:smollm2-135m-instruct"
 
@@ -87,19 +92,12 @@ class AdmissionConfig(StrictModel):
     until its Retry-After has passed, so a client that honours it finds room.
     """
 
-    type: str = "queue_limits"
+    type: AdmissionName = "queue_limits"
     ttft_margin: float = Field(1.0, gt=0, le=10)
     downgrade_to: str | None = None
     min_retry_after_s: float = Field(1.0, ge=0)
     shed_after_deadline_s: float | None = Field(None, ge=0)
     reserve_retries: bool = False
-
-    @field_validator("type")
-    @classmethod
-    def _known_admission(cls, value: str) -> str:
-        if value not in ADMISSION_POLICIES:
-            raise ValueError(f"unknown admission {value!r}; known: {', '.join(ADMISSION_POLICIES)}")
-        return value
 
 
 class SLOBudgetConfig(StrictModel):
@@ -170,11 +168,14 @@ class SchedulerConfig(StrictModel):
 
     ``batching`` names a batching strategy (``continuous`` with chunked prefill,
     ``prefill_first`` without chunking, ``static`` as the benchmarks' baseline) and
-    ``policy`` an ordering policy (``fcfs``, ``priority``); see
+    ``policy`` an ordering policy (``fcfs``, ``priority``, ``slo``); see
     ``orchestrator/core/sched/``. ``max_num_tokens`` is the token budget of one step
     (decode tokens plus prefill chunks); ``max_batch_size`` caps the requests in one
     step. ``aging_rate`` is how many priority levels a waiting request gains per second
-    of waiting (``priority`` and ``slo`` policies).
+    of waiting (``priority`` and ``slo`` policies). ``preempt_for_priority``: whether a
+    waiting request that ranks strictly better may evict a running one; ``None`` (the
+    default) leaves it to the ordering policy (on for ``priority`` and ``slo``, off for
+    ``fcfs``). ``max_preemptions`` caps how often one request is preempted.
 
     ``slo_classes`` names the SLO classes (targets in ms) and ``default_slo_class`` the
     class of a request that names none (``None``: such a request has no targets). A
@@ -184,8 +185,8 @@ class SchedulerConfig(StrictModel):
     predictor; their defaults keep the behaviour without SLO classes.
     """
 
-    batching: str = "continuous"
-    policy: str = "fcfs"
+    batching: BatchingName = "continuous"
+    policy: PolicyName = "fcfs"
     max_num_tokens: int = Field(2048, ge=1)
     max_batch_size: int = Field(64, ge=1)
     chunk_size: int = Field(512, ge=1)
@@ -200,28 +201,6 @@ class SchedulerConfig(StrictModel):
     slo_budget: SLOBudgetConfig = Field(default_factory=SLOBudgetConfig)
     fair_share: FairShareConfig = Field(default_factory=FairShareConfig)
     predictor: PredictorConfig = Field(default_factory=PredictorConfig)
-
-    @field_validator("batching")
-    @classmethod
-    def _known_batching(cls, value: str) -> str:
-        if value not in BATCHING_STRATEGIES:
-            raise ValueError(f"unknown batching {value!r}; known: {', '.join(BATCHING_STRATEGIES)}")
-        return value
-
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, value: str) -> str:
-        if value not in ORDERING_POLICIES:
-            raise ValueError(f"unknown policy {value!r}; known: {', '.join(ORDERING_POLICIES)}")
-        return value
-
-    @property
-    def priority_preemption(self) -> bool:
-        """Whether a waiting request that ranks strictly better may evict a running one
-        (default: the ordering policy's; on for ``priority``, off for ``fcfs``)."""
-        if self.preempt_for_priority is None:
-            return ORDERING_POLICIES[self.policy](self).preempts_for_priority
-        return self.preempt_for_priority
 
     @model_validator(mode="after")
     def _known_classes(self) -> SchedulerConfig:
@@ -296,7 +275,7 @@ class ExecutorSpec(StrictModel):
 
     @model_validator(mode="after")
     def _validate_options(self) -> ExecutorSpec:
-        config_cls = executor_class(self.type).Config
+        config_cls = registered_class(self.type).Config
         if isinstance(self.options, config_cls):
             return self
         try:
@@ -307,52 +286,19 @@ class ExecutorSpec(StrictModel):
         return self
 
 
-class ServerConfig(StrictModel):
-    """Gateway settings. API keys come from ``api_keys`` and/or the environment variable
-    named by ``api_keys_env`` (comma-separated); with none, auth is off.
-
-    ``default_chat_max_tokens`` (tokens) is the output limit of a chat request that sets
-    neither ``max_tokens`` nor ``max_completion_tokens``; ``None`` means the rest of the
-    context. ``max_tokens_limit`` (tokens) caps what any choice may ask for on either
-    endpoint (a larger value is a 400); ``None`` leaves only the context as the limit. A
-    default never exceeds the cap or the room the prompt leaves.
-
-    ``tenant_slo_classes`` maps a tenant (an API key, or the request's ``user`` field
-    when auth is off) to the SLO class its requests get when they name none; the engine
-    config checks each class exists."""
-
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    api_keys: list[str] = Field(default_factory=list)
-    api_keys_env: str = "ORCHESTRATOR_API_KEYS"
-    drain_timeout_s: float = Field(30.0, ge=0)
-    max_body_bytes: int = Field(1_048_576, ge=1024)
-    log_prompts: bool = False
-    default_chat_max_tokens: int | None = Field(None, ge=1)
-    max_tokens_limit: int | None = Field(None, ge=1)
-    tenant_slo_classes: dict[str, str] = Field(default_factory=dict)
-
-
 class EngineConfig(StrictModel):
-    """Everything needed to start an engine (and, with ``server``, a gateway)."""
+    """Everything needed to start an engine.
+
+    ``server`` is the gateway's section (``orchestrator serve`` validates it with
+    ``orchestrator.gateway.config.ServeConfig``); the core carries it unread, so one
+    serve file also loads here, e.g. for ``orchestrator calibrate``.
+    """
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     executor: ExecutorSpec
-    server: ServerConfig = Field(default_factory=ServerConfig)
-
-    @model_validator(mode="after")
-    def _tenant_classes_exist(self) -> EngineConfig:
-        classes = self.scheduler.slo_classes
-        for tenant, name in self.server.tenant_slo_classes.items():
-            if name not in classes:
-                known = ", ".join(classes) or "none configured"
-                raise ValueError(
-                    f"server.tenant_slo_classes: tenant {tenant[:4]}...'s class {name!r} is "
-                    f"not in scheduler.slo_classes (known: {known})"
-                )
-        return self
+    server: dict[str, Any] = Field(default_factory=dict)
 
 
 M = TypeVar("M", bound=BaseModel)

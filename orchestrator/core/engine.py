@@ -95,6 +95,8 @@ class EngineCore:
         self.clock = clock
         self.info = info if info is not None else executor.info()
         self.step_time_errors = ErrorWindow()
+        # The plan of the step in progress (or the last one): a crash report shows it.
+        self.last_plan: SchedulerOutput | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -124,9 +126,7 @@ class EngineCore:
             headroom_blocks=cache.admission_headroom_blocks,
             hash_seed=cache.prefix_hash_seed,
         )
-        scheduler = Scheduler(
-            config.scheduler, kv, max_model_len, predictor, dict(config.server.tenant_slo_classes)
-        )
+        scheduler = Scheduler(config.scheduler, kv, max_model_len, predictor)
         return cls(scheduler, executor, clock if clock is not None else WallClock(), info)
 
     def add_request(self, submission: Submission) -> float | None:
@@ -147,7 +147,7 @@ class EngineCore:
 
     def step(self) -> EngineStep:
         start = self.clock.now()
-        plan = self.scheduler.schedule(start)
+        plan = self.last_plan = self.scheduler.schedule(start)
         if plan.scheduled:
             # Every executor's steps are predicted and observed the same way, so the
             # error is tracked (and the online fit learns) whatever runs the plan.
@@ -165,7 +165,7 @@ class EngineCore:
         return EngineStep(outputs, plan, start, result.duration_s, result.cost)
 
     def stats(self) -> EngineStats:
-        s = self.scheduler
+        s, slo = self.scheduler, self.scheduler.slo
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -173,20 +173,39 @@ class EngineCore:
             kv_blocks_total=s.kv.num_blocks,
             num_preemptions=s.num_preemptions,
             step_time_error=self.step_time_errors.median,
-            ttft_prediction_error=s.ttft_errors.median,
-            num_shed=s.num_shed,
+            ttft_prediction_error=slo.ttft_errors.median,
+            num_shed=slo.num_shed,
             rejections=tuple(
                 (slo_class or "", code, count)
                 for (slo_class, code), count in sorted(
-                    s.rejections.items(), key=lambda item: (item[0][0] or "", item[0][1])
+                    slo.rejections.items(), key=lambda item: (item[0][0] or "", item[0][1])
                 )
             ),
             ttft_prediction_error_by_class=tuple(
                 (name, error)
-                for name, window in sorted(s.ttft_errors_by_class.items())
+                for name, window in sorted(slo.ttft_errors_by_class.items())
                 if (error := window.median) is not None
             ),
         )
+
+    def dump_state(self) -> str:
+        """What the engine was doing, for a crash report: ``stats()`` and the last plan
+        (per request: id, tokens, start position, blocks held, whether it samples; the
+        ids preempted and finished). Token ids are left out: they are users' text."""
+        plan = self.last_plan
+        if plan is None:
+            planned = "no plan yet"
+        else:
+            entries = ", ".join(
+                f"{s.request_id}: {len(s.token_ids)} tokens at {s.start_position}, "
+                f"{len(s.block_table)} blocks{', samples' if s.sample else ''}"
+                for s in plan.scheduled
+            )
+            planned = (
+                f"{len(plan.scheduled)} scheduled [{entries}]; preempted "
+                f"{plan.preempted_ids}; finished {plan.finished_ids}"
+            )
+        return f"stats: {self.stats()}; last plan: {planned}"
 
     def shutdown(self) -> None:
         self.executor.shutdown()

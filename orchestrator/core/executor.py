@@ -1,24 +1,36 @@
 """The executor seam: what runs a ``SchedulerOutput`` and how YAML picks one.
 
 Executors are found by name through the entry-point group ``orchestrator.executors``
-(see pyproject.toml), so ``executor: {type: torch, ...}`` in a config selects a class
+(``registry.py``), so ``executor: {type: torch, ...}`` in a config selects a class
 without an if-chain, and an out-of-tree package can add its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from orchestrator.core.config import EngineConfig
 from orchestrator.core.output import SchedulerOutput, StepResult
+from orchestrator.core.registry import (
+    ENTRY_POINT_GROUP,
+    UnknownExecutorError,
+    registered_class,
+    registered_executors,
+)
 
-if TYPE_CHECKING:
-    from orchestrator.core.config import EngineConfig
-
-ENTRY_POINT_GROUP = "orchestrator.executors"
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Executor",
+    "ExecutorFactory",
+    "ExecutorInfo",
+    "UnknownExecutorError",
+    "create_executor",
+    "executor_class",
+    "registered_executors",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,22 +102,10 @@ class ExecutorFactory(Protocol):
     def from_config(cls, config: Any, engine: EngineConfig) -> Executor: ...
 
 
-class UnknownExecutorError(ValueError):
-    pass
-
-
-def registered_executors() -> dict[str, Any]:
-    """Entry points by executor type name (not yet loaded)."""
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def executor_class(type_name: str) -> ExecutorFactory:
-    """Load the factory class registered as ``type_name``."""
-    eps = registered_executors()
-    if type_name not in eps:
-        known = ", ".join(sorted(eps)) or "none (is the project installed?)"
-        raise UnknownExecutorError(f"unknown executor type {type_name!r}; registered: {known}")
-    factory: ExecutorFactory = eps[type_name].load()
+    """Load the factory class registered as ``type_name`` (``UnknownExecutorError`` when
+    there is none)."""
+    factory: ExecutorFactory = registered_class(type_name)
     return factory
 
 

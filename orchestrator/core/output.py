@@ -23,8 +23,8 @@ class ScheduledRequest(NamedTuple):
     positions ``[i * block_size, (i + 1) * block_size)``) and covers every position up to
     the last one run this step. ``sample`` is true when this step's last token is the
     last known token of the request, so the executor must return the next token.
-    ``num_cached_tokens`` is ``start_position``: everything before it is already in the
-    KV cache (computed earlier or a prefix-cache hit).
+    Every position before ``start_position`` is already in the KV cache (computed
+    earlier or a prefix-cache hit).
     """
 
     request_id: str

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
+from orchestrator.core.config import PredictorConfig, StepTimePrior
 from orchestrator.core.output import SchedulerOutput
-
-if TYPE_CHECKING:
-    from orchestrator.core.config import PredictorConfig, StepTimePrior
 
 
 class StepFeatures(NamedTuple):
@@ -152,9 +150,6 @@ class LinearStepTimePredictor:
     """
 
     def __init__(self, config: PredictorConfig | None = None) -> None:
-        # The config module imports the scheduler's registries, which import this one.
-        from orchestrator.core.config import PredictorConfig
-
         self.config = config or PredictorConfig()
         p = self.config.prior
         natural = (p.overhead_s, p.per_token_s, p.per_seq_s, p.per_context_token_s, p.per_pair_s)
@@ -221,8 +216,6 @@ class LinearStepTimePredictor:
     @property
     def prior_coefficients(self) -> StepTimePrior:
         """The current fit in the prior's units (what ``orchestrator calibrate`` prints)."""
-        from orchestrator.core.config import StepTimePrior
-
         c = [v * s for v, s in zip(self.coefficients, _SCALES, strict=True)]
         return StepTimePrior(
             overhead_s=c[0],
@@ -235,8 +228,6 @@ class LinearStepTimePredictor:
 
 def fit_prior(samples: Iterable[tuple[StepFeatures, float]]) -> StepTimePrior:
     """Fit the linear model to measured ``(features, seconds)`` steps (calibration)."""
-    from orchestrator.core.config import PredictorConfig
-
     predictor = LinearStepTimePredictor(PredictorConfig(window=100_000, prior_weight=1e-3))
     # Calibration's steps are deliberate measurements: no outlier cap.
     for features, seconds in samples:

@@ -88,8 +88,9 @@ class Submission:
     ``arrival_time`` is seconds on the engine's clock, stamped by the submitter (the
     gateway at HTTP arrival, the simulator at the simulated arrival); policies order by
     it and TTFT counts from it. Lower ``priority`` is served first. ``slo_class`` names
-    a configured SLO class and ``tenant`` the party whose share of service is counted
-    (an API key or the client's ``user`` field); both are ``None`` when unused.
+    a configured SLO class (the gateway has already applied a tenant's default class;
+    ``None`` leaves ``default_slo_class``) and ``tenant`` the party whose share of service
+    is counted (an API key or the client's ``user`` field); both are ``None`` when unused.
     """
 
     request_id: str

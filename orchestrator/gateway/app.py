@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Mapping
 
 from fastapi import FastAPI
 
-from orchestrator.core import EngineConfig
 from orchestrator.gateway.async_engine import AsyncEngine
 from orchestrator.gateway.auth import APIKeyMiddleware, configured_keys
+from orchestrator.gateway.config import ServeConfig
 from orchestrator.gateway.errors import install_error_handlers
 from orchestrator.gateway.lifecycle import GatewayLifecycle, Loader
 from orchestrator.gateway.metrics import GatewayMetrics
@@ -31,7 +31,7 @@ API_DESCRIPTION = (
 
 
 def create_app(
-    config: EngineConfig, loader: Loader, environ: Mapping[str, str] = os.environ
+    config: ServeConfig, loader: Loader, environ: Mapping[str, str] = os.environ
 ) -> FastAPI:
     """An app serving ``config.model.name``. ``loader`` builds the engine core and the
     tokenizer; it runs in a background thread at startup, so ``/health`` answers while
@@ -51,6 +51,7 @@ def create_app(
             lifecycle.in_flight,
             log_prompts=server.log_prompts,
             limits=ServingLimits(server.default_chat_max_tokens, server.max_tokens_limit),
+            tenant_classes=server.tenant_slo_classes,
         )
 
     lifecycle = GatewayLifecycle(make_serving)

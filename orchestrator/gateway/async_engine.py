@@ -262,9 +262,18 @@ class AsyncEngine:
                     self._to_loop(self._deliver, step.outputs)
         except Exception:
             logger.exception("the engine loop crashed")
+            self._log_state()
             dead = EngineDeadError("the engine stopped after an internal error")
             self._dead = dead
             self._to_loop(self._crash, dead)
+
+    def _log_state(self) -> None:
+        """Log, once as the loop dies, what the engine was doing (vLLM's engine dumps
+        its state the same way), so a crash report carries the scheduler's last plan."""
+        try:
+            logger.error("engine state when the loop crashed: %s", self.core.dump_state())
+        except Exception:
+            logger.exception("the engine state could not be read after the crash")
 
     def _apply(self, commands: list[_Add | _Abort]) -> None:
         """Apply submissions and aborts. Whatever one of them raises concerns that

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from orchestrator.core import ServerConfig
+from orchestrator.gateway.config import ServerConfig
 from orchestrator.gateway.errors import APIError
 
 PROTECTED_PREFIX = "/v1/"

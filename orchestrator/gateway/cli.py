@@ -28,12 +28,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from orchestrator.core import ConfigError, load_engine_config
+    from orchestrator.core import ConfigError
+    from orchestrator.gateway.config import load_serve_config
     from orchestrator.gateway.server import serve
 
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     try:
-        config = load_engine_config(args.config)
+        config = load_serve_config(args.config)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

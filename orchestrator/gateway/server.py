@@ -23,6 +23,7 @@ import uvicorn
 
 from orchestrator.core import EngineConfig
 from orchestrator.gateway.app import create_app
+from orchestrator.gateway.config import ServeConfig
 from orchestrator.gateway.lifecycle import GatewayLifecycle, LoadedModel, Loader
 from orchestrator.gateway.tokenizer import HFTokenizer
 
@@ -100,7 +101,7 @@ class GatewayServer(uvicorn.Server):
 
 
 def build_server(
-    config: EngineConfig,
+    config: ServeConfig,
     host: str | None = None,
     port: int | None = None,
     loader: Loader | None = None,
@@ -118,7 +119,7 @@ def build_server(
     return GatewayServer(uv_config, app.state.lifecycle, config.server.drain_timeout_s)
 
 
-def serve(config: EngineConfig, host: str | None = None, port: int | None = None) -> int:
+def serve(config: ServeConfig, host: str | None = None, port: int | None = None) -> int:
     """Serve until stopped; the exit code."""
     server = build_server(config, host, port)
     server.run()

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +55,9 @@ MAX_SLO_CLASS_HEADER = 64  # characters, as the body's ``slo_class``
 
 
 def _slo_class(body_class: str | None, call: CallInfo) -> str | None:
-    """The body's ``slo_class`` wins over the ``X-SLO-Class`` header; ``None`` leaves the
-    choice to the engine (the tenant's default class, then the configured default). The
-    engine rejects an unknown class with a 400 naming ``slo_class``."""
+    """The body's ``slo_class`` wins over the ``X-SLO-Class`` header; ``None`` when
+    neither names one. The engine rejects an unknown class with a 400 naming
+    ``slo_class``."""
     if body_class is not None:
         return body_class
     header = call.http.headers.get(SLO_CLASS_HEADER)
@@ -163,7 +163,11 @@ class OpenAIServing:
         in_flight: InFlight,
         log_prompts: bool = False,
         limits: ServingLimits | None = None,
+        tenant_classes: Mapping[str, str] | None = None,
     ) -> None:
+        """``tenant_classes`` (``server.tenant_slo_classes``) maps a tenant to the SLO
+        class of its requests that name none; without one the engine applies
+        ``scheduler.default_slo_class``."""
         self._engine = engine
         self._tokenizer = tokenizer
         self.model_name = model_name
@@ -171,6 +175,7 @@ class OpenAIServing:
         self._in_flight = in_flight
         self._log_prompts = log_prompts
         self._limits = limits or ServingLimits()
+        self._tenant_classes = tenant_classes or {}
 
     def now(self) -> float:
         """The engine clock (seconds): request arrival and token times use it."""
@@ -390,14 +395,18 @@ class OpenAIServing:
         sampling: SamplingParams,
         body: CompletionRequest | ChatCompletionRequest,
     ) -> None:
+        tenant = _tenant(body.user, job.call)
+        slo_class = _slo_class(body.slo_class, job.call)
+        if slo_class is None and tenant is not None:
+            slo_class = self._tenant_classes.get(tenant)
         request = Submission(
             request_id=request_id,
             prompt_token_ids=tuple(prompt),
             sampling=sampling,
             priority=job.priority,
             arrival_time=job.call.arrival_time,
-            slo_class=_slo_class(body.slo_class, job.call),
-            tenant=_tenant(body.user, job.call),
+            slo_class=slo_class,
+            tenant=tenant,
         )
         choice = ChoiceState(index, request, self._tokenizer, body.stop_strings)
         job.streams.append(await self._engine.submit(request))

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from orchestrator.core import EngineConfig, load_engine_config
 from orchestrator.gateway.app import create_app
+from orchestrator.gateway.config import ServeConfig, load_serve_config
 from orchestrator.gateway.lifecycle import LoadedModel
 from orchestrator.gateway.routes import router
 from orchestrator.sim.router import PrefixAwareWeights
@@ -35,11 +35,11 @@ from tests.deploy.manifests import (
 GPU, CPU = "gpu-trtllm", "cpu"
 
 
-def engine_config(name: str, tmp_path: Path) -> EngineConfig:
+def engine_config(name: str, tmp_path: Path) -> ServeConfig:
     """The ConfigMap's serve.yaml through the same loader `orchestrator serve` uses."""
     path = tmp_path / f"{name}-serve.yaml"
     path.write_text(yaml.safe_dump(serve_yaml(name)))
-    return load_engine_config(path)
+    return load_serve_config(path)
 
 
 def pod_spec(name: str) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def test_the_configmap_is_the_repository_serve_config_reachable_from_the_pod(
     name: str, tmp_path: Path
 ) -> None:
     shipped = engine_config(name, tmp_path)
-    repo = load_engine_config(VARIANTS[name])
+    repo = load_serve_config(VARIANTS[name])
     assert shipped.model == repo.model
     assert shipped.scheduler == repo.scheduler
     assert shipped.cache == repo.cache

@@ -15,10 +15,10 @@ import httpx
 from fastapi.testclient import TestClient
 
 from orchestrator.core.clock import WallClock
-from orchestrator.core.config import EngineConfig
 from orchestrator.core.engine import EngineCore
 from orchestrator.core.output import SchedulerOutput, StepResult, TokenLogprobs
 from orchestrator.gateway.app import create_app
+from orchestrator.gateway.config import ServeConfig
 from orchestrator.gateway.lifecycle import LoadedModel, Loader
 from orchestrator.gateway.server import GatewayServer, build_server
 from tests.factories import make_scheduler
@@ -81,11 +81,11 @@ class TimedExecutor(FakeExecutor):
         return StepResult(result.sampled, time.monotonic() - started, logprobs)
 
 
-def fake_config(**server: Any) -> EngineConfig:
+def fake_config(**server: Any) -> ServeConfig:
     """An engine config for the fake model (256-token context); ``server`` overrides
     ``server`` settings. The executor type is only a placeholder: tests build the
     executor themselves."""
-    return EngineConfig.model_validate(
+    return ServeConfig.model_validate(
         {
             "model": {"name": MODEL, "max_model_len": 256},
             "executor": {"type": "sim"},
@@ -138,7 +138,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(
-    config: EngineConfig, loader: Loader | None = None, ready_timeout_s: float = 300.0
+    config: ServeConfig, loader: Loader | None = None, ready_timeout_s: float = 300.0
 ) -> Iterator[tuple[str, GatewayServer]]:
     """uvicorn on 127.0.0.1 in a thread of this process; yields (base URL, server) once
     ``/ready`` answers 200, and stops it afterwards."""

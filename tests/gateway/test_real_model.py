@@ -17,9 +17,9 @@ import pytest
 
 from orchestrator.common.corpus import token_prompts
 from orchestrator.common.model_source import load_tokenizer
-from orchestrator.core.config import EngineConfig, load_engine_config
 from orchestrator.core.engine import EngineCore
 from orchestrator.core.request import SamplingParams, Submission
+from orchestrator.gateway.config import ServeConfig, load_serve_config
 from orchestrator.gateway.detokenize import REPLACEMENT_CHAR, IncrementalDetokenizer
 from orchestrator.gateway.tokenizer import HFTokenizer
 from tests.gateway.support import metric, running_server, sse_events
@@ -36,17 +36,17 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 
 
 @pytest.fixture(scope="module")
-def config() -> EngineConfig:
-    return load_engine_config(CONFIG)
+def config() -> ServeConfig:
+    return load_serve_config(CONFIG)
 
 
 @pytest.fixture(scope="module")
-def tokenizer(config: EngineConfig) -> HFTokenizer:
+def tokenizer(config: ServeConfig) -> HFTokenizer:
     return HFTokenizer(load_tokenizer(config.model))
 
 
 @pytest.fixture(scope="module")
-def base(config: EngineConfig) -> Iterator[str]:
+def base(config: ServeConfig) -> Iterator[str]:
     with running_server(config, ready_timeout_s=600) as (url, _):
         yield url
 
@@ -57,7 +57,7 @@ def client(base: str) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def model(config: EngineConfig) -> str:
+def model(config: ServeConfig) -> str:
     return config.model.name
 
 
@@ -188,7 +188,7 @@ def test_bad_requests_through_the_openai_client(client: openai.OpenAI, model: st
 
 
 def test_greedy_chat_over_http_equals_the_engine_direct_output(
-    client: openai.OpenAI, model: str, config: EngineConfig, tokenizer: HFTokenizer
+    client: openai.OpenAI, model: str, config: ServeConfig, tokenizer: HFTokenizer
 ) -> None:
     over_http = client.chat.completions.create(
         model=model, messages=QUESTION, max_tokens=32, temperature=0

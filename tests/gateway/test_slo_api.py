@@ -8,8 +8,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fastapi.testclient import TestClient
+
+from orchestrator.core.request import Request
+from orchestrator.gateway.app import create_app
+from orchestrator.gateway.config import ServeConfig
 from tests.factories import constant_step_time
-from tests.gateway.support import MODEL, client_for, fake_core
+from tests.gateway.support import MODEL, client_for, fake_core, fake_loader, wait_until
 
 CLASSES = {
     "interactive": {"ttft_ms": 100, "tpot_ms": 1000},
@@ -90,3 +95,29 @@ def test_a_request_shed_past_its_deadline_is_a_503_with_the_reason_code() -> Non
         assert error["code"] == "ttft_deadline_passed" and "TTFT deadline" in error["message"]
         assert long.result(timeout=30).status_code == 200
         assert "orchestrator_requests_shed_total 1.0" in client.get("/metrics").text
+
+
+def test_a_tenant_default_class_comes_between_the_request_and_the_default() -> None:
+    core = slo_core(0.001)
+    config = ServeConfig.model_validate(
+        {
+            "model": {"name": MODEL, "max_model_len": 256},
+            "scheduler": {"slo_classes": CLASSES, "default_slo_class": "batch"},
+            "executor": {"type": "sim"},
+            "server": {"tenant_slo_classes": {"nightly": "interactive"}},
+        }
+    )
+    classes: list[str | None] = []
+    add = core.scheduler.add_request
+
+    def record(request: Request, now: float | None = None) -> None:
+        add(request, now)
+        classes.append(request.slo_class)
+
+    core.scheduler.add_request = record  # type: ignore[method-assign]
+    with TestClient(create_app(config, fake_loader(core), {})) as client:
+        wait_until(lambda: client.get("/ready").status_code == 200)
+        for extra in ({"user": "nightly", "slo_class": "batch"}, {"user": "nightly"}, {}):
+            assert client.post("/v1/completions", json=body(**extra)).status_code == 200
+    # The request's own class, then its tenant's (the gateway), then the default (the core).
+    assert classes == ["batch", "interactive", "batch"]

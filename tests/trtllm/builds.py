@@ -25,7 +25,6 @@ from orchestrator.core.config import (
     ExecutorSpec,
     ModelConfig,
     SchedulerConfig,
-    ServerConfig,
 )
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
@@ -160,5 +159,5 @@ def engine_config(
         scheduler=SchedulerConfig(**scheduler),
         cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
         executor=ExecutorSpec.model_construct(type=kind, options=options),
-        server=ServerConfig(),
+        server={},
     )

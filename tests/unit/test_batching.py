@@ -21,7 +21,9 @@ def test_config_names_pick_registered_strategies_and_unknown_ones_are_refused() 
         "static": StaticBatching,
     }
     assert expected == BATCHING_STRATEGIES
-    with pytest.raises(ValueError, match="unknown batching 'orca'"):
+    with pytest.raises(
+        ValueError, match=r"batching\n  Input should be 'continuous', 'prefill_first' or 'static'"
+    ):
         SchedulerConfig(batching="orca")
 
 

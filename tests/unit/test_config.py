@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from orchestrator.common.specs import CONFIGS_DIR, load_gpu_spec, load_model_spec
-from orchestrator.core.config import ConfigError, EngineConfig, SchedulerConfig, load_engine_config
+from orchestrator.core.config import ConfigError, EngineConfig, load_engine_config
+from tests.factories import make_scheduler
 from tests.fakes import FakeExecutor
 
 
@@ -19,12 +20,12 @@ def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register the fake executor as type ``fake`` for config validation."""
     import orchestrator.core.config as config_module
 
-    real = config_module.executor_class
+    real = config_module.registered_class
 
     def lookup(name: str) -> Any:
         return FakeExecutor if name == "fake" else real(name)
 
-    monkeypatch.setattr(config_module, "executor_class", lookup)
+    monkeypatch.setattr(config_module, "registered_class", lookup)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -91,15 +92,21 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_priority_preemption_defaults_on_for_the_priority_policy() -> None:
-    assert SchedulerConfig(policy="priority").priority_preemption
-    assert not SchedulerConfig(policy="fcfs").priority_preemption
-    assert not SchedulerConfig(policy="priority", preempt_for_priority=False).priority_preemption
+    assert make_scheduler(policy="priority").preempt_for_priority
+    assert not make_scheduler(policy="fcfs").preempt_for_priority
+    assert not make_scheduler(policy="priority", preempt_for_priority=False).preempt_for_priority
 
 
 def _build_spec_loader() -> Callable[[Path], Any]:
     from build_engines.spec import load_build_spec
 
     return load_build_spec
+
+
+def _serve_config_loader() -> Callable[[Path], Any]:
+    from orchestrator.gateway.config import load_serve_config
+
+    return load_serve_config
 
 
 def _sim_config_loader() -> Callable[[Path], Any]:
@@ -111,7 +118,7 @@ def _sim_config_loader() -> Callable[[Path], Any]:
 LOADERS: dict[str, Callable[[], Callable[[Path], Any]]] = {
     "models": lambda: load_model_spec,
     "hardware": lambda: load_gpu_spec,
-    "serve": lambda: load_engine_config,
+    "serve": _serve_config_loader,
     "build": _build_spec_loader,
     "sim": _sim_config_loader,
 }

@@ -71,8 +71,8 @@ def test_service_gap_between_backlogged_tenants_stays_within_the_bound() -> None
         longest_prompt = max(longest_prompt, n)
         requests.append(make_request(n, max_tokens=rng.randint(4, 40), tenant=tenant))
         sched.add_request(requests[-1])
-    fair = sched.fair
-    assert fair is not None
+    assert sched.fair is not None
+    fair = sched.fair.queue
     bound = 2 * max(1.0 * longest_prompt, 2.0 * num_blocks * block_size)
     worst = 0.0
     while fair._backlog.get("light") and fair._backlog.get("heavy"):

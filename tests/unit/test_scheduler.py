@@ -7,6 +7,7 @@ import pytest
 from orchestrator.core.errors import AdmissionError, OverloadedError
 from orchestrator.core.output import StepResult
 from orchestrator.core.request import RequestStatus
+from orchestrator.core.sched.preemption import kv_victim
 from orchestrator.core.sched.step import StepState
 from tests.factories import make_engine, make_request, make_scheduler, run_step, run_to_completion
 from tests.fakes import fake_token
@@ -156,13 +157,14 @@ def test_preemption_cap_protects_a_request_that_was_preempted_enough() -> None:
     run_step(engine, clock)
     sched = engine.scheduler
     assert sched.running == [a, b, c]
-    assert sched._choose_victim(a) is c
+    cap = sched.config.max_preemptions
+    assert kv_victim(sched.running, a, cap) is c
     c.num_preemptions = 1  # c is at the cap: b, not c, must yield
-    assert sched._choose_victim(a) is b
+    assert kv_victim(sched.running, a, cap) is b
     b.num_preemptions = 1  # everyone below a is at the cap: a yields itself
-    assert sched._choose_victim(a) is a
+    assert kv_victim(sched.running, a, cap) is a
     a.num_preemptions = 1  # all at the cap: progress wins, the worst other one yields
-    assert sched._choose_victim(a) is c
+    assert kv_victim(sched.running, a, cap) is c
 
 
 def test_priority_arrival_preempts_a_worse_request_when_the_batch_is_full() -> None:

@@ -1,19 +1,43 @@
 """Batching strategies: how one step is composed from running and waiting requests.
-Chosen by ``scheduler.batching`` in config (a key of ``BATCHING_STRATEGIES``).
+Chosen by ``scheduler.batching`` in config (a key of ``BATCHING_STRATEGIES``, which a
+unit test checks against the config's ``BatchingName``).
 
-Each strategy composes the scheduler's mechanisms (decode first, prefill chunks,
-admission, priority preemption), so a new strategy is a new class here, not a branch
-in ``Scheduler.schedule``.
+Each strategy composes the scheduler's mechanisms (``Mechanisms``: decode first,
+prefill chunks, admission, priority preemption), so a new strategy is a new class here,
+not a branch in ``Scheduler.schedule``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from orchestrator.core.sched.step import StepState
 
-if TYPE_CHECKING:
-    from orchestrator.core.sched.scheduler import Scheduler
+
+class Mechanisms(Protocol):
+    """What a strategy may call on the scheduler (``Scheduler`` provides it); times are
+    seconds on the engine clock.
+
+    ``yield_to_waiting``: with priority preemption on, the worst running requests that
+    rank below the best waiting one yield while the batch is full or its first chunk
+    does not fit. ``schedule_running``: decode tokens first, then prefill chunks for
+    running requests part-way through their prompt, preempting for KV blocks as needed
+    (``step.kv_preempted`` then tells). ``admit_waiting``: waiting requests in policy
+    order get a first chunk (their whole prompt with ``whole_prompts``); returns
+    whether any was admitted. ``admit_static_batch``: a batch whose whole-lifetime KV
+    fits, reserved up front.
+    """
+
+    @property
+    def num_running(self) -> int: ...
+
+    def yield_to_waiting(self, step: StepState, now: float) -> None: ...
+
+    def schedule_running(self, step: StepState, now: float) -> None: ...
+
+    def admit_waiting(self, step: StepState, now: float, whole_prompts: bool) -> bool: ...
+
+    def admit_static_batch(self, now: float) -> None: ...
 
 
 class BatchingStrategy(Protocol):
@@ -25,7 +49,7 @@ class BatchingStrategy(Protocol):
 
     chunks_prefill: bool
 
-    def fill(self, scheduler: Scheduler, step: StepState, now: float) -> None: ...
+    def fill(self, scheduler: Mechanisms, step: StepState, now: float) -> None: ...
 
 
 class ContinuousBatching:
@@ -35,8 +59,8 @@ class ContinuousBatching:
 
     chunks_prefill = True
 
-    def fill(self, scheduler: Scheduler, step: StepState, now: float) -> None:
-        scheduler.preempt_for_priority(step, now)
+    def fill(self, scheduler: Mechanisms, step: StepState, now: float) -> None:
+        scheduler.yield_to_waiting(step, now)
         scheduler.schedule_running(step, now)
         if not step.kv_preempted:
             scheduler.admit_waiting(step, now, whole_prompts=False)
@@ -49,10 +73,10 @@ class PrefillFirstBatching:
 
     chunks_prefill = False
 
-    def fill(self, scheduler: Scheduler, step: StepState, now: float) -> None:
+    def fill(self, scheduler: Mechanisms, step: StepState, now: float) -> None:
         if scheduler.admit_waiting(step, now, whole_prompts=True):
             return
-        scheduler.preempt_for_priority(step, now)
+        scheduler.yield_to_waiting(step, now)
         scheduler.schedule_running(step, now)
         if not step.kv_preempted:
             scheduler.admit_waiting(step, now, whole_prompts=True)
@@ -65,8 +89,8 @@ class StaticBatching:
 
     chunks_prefill = True
 
-    def fill(self, scheduler: Scheduler, step: StepState, now: float) -> None:
-        if not scheduler.running:
+    def fill(self, scheduler: Mechanisms, step: StepState, now: float) -> None:
+        if not scheduler.num_running:
             scheduler.admit_static_batch(now)
         scheduler.schedule_running(step, now)
 

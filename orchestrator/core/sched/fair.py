@@ -13,11 +13,13 @@ static key, and chooses among the heads when asked:
 
 The choice is cached until the queue or a counter changes, so the admission loop's
 ``peek``/``pop`` stay O(classes x tenants) per change, not per call; the hot path of a
-scheduler without fair share never sees this class (it keeps ``WaitingQueue``).
+scheduler without fair share never sees this class (it keeps ``WaitingQueue``). Each
+(class, tenant) heap is a ``queue.LazyHeap``, as ``WaitingQueue``'s one heap is.
 
-Service accounting (``charge``): the scheduler charges ``input_weight`` per prompt token
-when a request is first admitted and ``output_weight`` per output token as each is
-produced, divided by the tenant's weight. A tenant that becomes backlogged after being
+Service accounting (``FairShare``, called by the scheduler through its hooks) charges
+``input_weight`` per prompt token when a request is first admitted and ``output_weight``
+per output token as each is produced; the queue divides a charge by the tenant's weight
+(``charge``). A tenant that becomes backlogged after being
 idle has its counter lifted to the smallest counter among backlogged tenants, so idle
 time is not banked as credit (VTC's counter lift).
 
@@ -33,31 +35,32 @@ the bound step by step.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Iterator
 
+from orchestrator.core.config import FairShareConfig
+from orchestrator.core.output import RequestOutput
 from orchestrator.core.request import Request
 from orchestrator.core.sched.ordering import OrderingPolicy, SortKey
-
-_Entry = tuple[SortKey, int, Request]
+from orchestrator.core.sched.queue import Entry, LazyHeap
 
 
 class FairShareQueue:
-    """The waiting queue under tenant fair share (same interface as ``WaitingQueue``).
+    """The ``RequestQueue`` under tenant fair share.
 
     ``weights`` maps a tenant to its share weight (default 1); ``counters`` are the
-    tenants' weighted services so far (tokens / weight). Removal is lazy, as in
-    ``WaitingQueue``; ``num_tokens`` counts the members' uncomputed tokens.
+    tenants' weighted services so far (tokens / weight). ``num_tokens`` counts the
+    members' uncomputed tokens.
     """
 
     def __init__(self, policy: OrderingPolicy, weights: dict[str, float]) -> None:
         self.policy = policy
         self.weights = weights
         self.counters: dict[str, float] = {}
-        self._groups: dict[str | None, dict[str, list[_Entry]]] = {}
+        self._groups: dict[str | None, dict[str, LazyHeap]] = {}
+        # One sequence for every heap: heads of different heaps are compared.
         self._seq = itertools.count()
-        self._members: dict[str, int] = {}
+        self._size = 0
         self._backlog: dict[str, int] = {}  # tenant -> live waiting requests
         self._best: Request | None = None
         self._stale = True
@@ -67,37 +70,35 @@ class FairShareQueue:
     def tenant_of(r: Request) -> str:
         return r.tenant if r.tenant is not None else ""
 
+    def _heap_of(self, r: Request) -> LazyHeap | None:
+        tenants = self._groups.get(r.slo_class)
+        return tenants.get(self.tenant_of(r)) if tenants is not None else None
+
     def push(self, r: Request) -> None:
-        if r.request_id in self._members:
-            raise ValueError(f"request {r.request_id!r} is already waiting")
         tenant = self.tenant_of(r)
+        tenants = self._groups.setdefault(r.slo_class, {})
+        heap = tenants.get(tenant)
+        if heap is None:
+            heap = tenants[tenant] = LazyHeap(self._seq)
+        heap.push(self.policy.admission_key(r), r)  # raises for a request already queued
         if not self._backlog.get(tenant):
             busy = [self.counters.get(t, 0.0) for t, n in self._backlog.items() if n]
             if busy:
                 self.counters[tenant] = max(self.counters.get(tenant, 0.0), min(busy))
-        seq = next(self._seq)
-        heap = self._groups.setdefault(r.slo_class, {}).setdefault(tenant, [])
-        heapq.heappush(heap, (self.policy.admission_key(r), seq, r))
-        self._members[r.request_id] = seq
         self._backlog[tenant] = self._backlog.get(tenant, 0) + 1
+        self._size += 1
         self.num_tokens += r.num_tokens
         self._stale = True
-
-    def _head(self, heap: list[_Entry]) -> _Entry | None:
-        members = self._members
-        while heap and members.get(heap[0][2].request_id) != heap[0][1]:
-            heapq.heappop(heap)
-        return heap[0] if heap else None
 
     def peek(self) -> Request | None:
         if not self._stale:
             return self._best
         counters = self.counters
-        best: _Entry | None = None
+        best: Entry | None = None
         for cls, tenants in list(self._groups.items()):
-            pick: tuple[float, _Entry] | None = None
+            pick: tuple[float, Entry] | None = None
             for tenant, heap in list(tenants.items()):
-                head = self._head(heap)
+                head = heap.head()
                 if head is None:
                     del tenants[tenant]
                     continue
@@ -116,20 +117,23 @@ class FairShareQueue:
         r = self.peek()
         if r is None:
             raise IndexError("pop from an empty waiting queue")
-        heapq.heappop(self._groups[r.slo_class][self.tenant_of(r)])
-        self._discard(r)
+        heap = self._heap_of(r)
+        assert heap is not None  # peek found it at the head of its heap
+        heap.pop_head()
+        self._forget(r)
         return r
 
     def remove(self, r: Request) -> bool:
         """Drop a waiting request (abort); ``False`` if it was not waiting."""
-        if r.request_id not in self._members:
+        heap = self._heap_of(r)
+        if heap is None or not heap.discard(r):
             return False
-        self._discard(r)
+        self._forget(r)
         return True
 
-    def _discard(self, r: Request) -> None:
-        del self._members[r.request_id]
+    def _forget(self, r: Request) -> None:
         self._backlog[self.tenant_of(r)] -= 1
+        self._size -= 1
         self.num_tokens -= r.num_tokens
         self._stale = True
 
@@ -144,12 +148,47 @@ class FairShareQueue:
     def ahead_of(self, key: SortKey) -> Iterator[Request]:
         """The waiting requests whose policy key is smaller than ``key`` (an estimate of
         what runs first: fair share may reorder tenants)."""
-        members = self._members
         for tenants in self._groups.values():
             for heap in tenants.values():
-                for k, seq, r in heap:
-                    if k < key and members.get(r.request_id) == seq:
-                        yield r
+                yield from heap.ahead_of(key)
 
     def __len__(self) -> int:
-        return len(self._members)
+        return self._size
+
+
+class FairShare:
+    """Fair-share accounting: the scheduler's hooks that charge tenants for service.
+
+    ``queue`` is the waiting queue the scheduler uses while fair share is on. A request
+    is charged ``input_weight`` per prompt token when it is first admitted
+    (``on_first_admit``) and ``output_weight`` per output token (``on_outputs``), from
+    submission (``on_submit``) until it finishes or leaves (``forget``).
+    """
+
+    def __init__(self, config: FairShareConfig, policy: OrderingPolicy) -> None:
+        self.queue = FairShareQueue(policy, dict(config.tenant_weights))
+        self._input_weight = config.input_weight
+        self._output_weight = config.output_weight
+        self._charged: dict[str, Request] = {}  # by id, while output tokens are charged
+
+    def on_submit(self, request: Request) -> None:
+        self._charged[request.request_id] = request
+
+    def on_first_admit(self, request: Request) -> None:
+        self.queue.charge(request, self._input_weight * request.num_prompt_tokens)
+
+    def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Charge each output token to its tenant; stop charging finished requests."""
+        charged, weight = self._charged, self._output_weight
+        for out in outputs:
+            request = charged.get(out.request_id)
+            if request is None:
+                continue
+            if out.new_token_ids:
+                self.queue.charge(request, weight * len(out.new_token_ids))
+            if out.finished:
+                del charged[out.request_id]
+
+    def forget(self, request_id: str) -> None:
+        """A request left without finishing through ``on_outputs`` (abort, shedding)."""
+        self._charged.pop(request_id, None)

@@ -1,6 +1,7 @@
 """Ordering policies: the order in which waiting requests are admitted, and which running
 request yields first. Chosen by ``scheduler.policy`` in config (a key of
-``ORDERING_POLICIES``); a new policy is a new class here, not a branch in the scheduler.
+``ORDERING_POLICIES``, which a unit test checks against the config's ``PolicyName``);
+a new policy is a new class here, not a branch in the scheduler.
 
 A policy is a pair of sort keys (tenant fair share, which is not a static key, is a
 waiting queue of its own: ``fair.py``). Keys are compared as tuples, smaller first, and must not
@@ -10,12 +11,10 @@ change while a request waits (a heap holds them).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from orchestrator.core.config import SchedulerConfig
 from orchestrator.core.request import Request
-
-if TYPE_CHECKING:
-    from orchestrator.core.config import SchedulerConfig
 
 SortKey = tuple[float, float]
 
@@ -25,12 +24,12 @@ class OrderingPolicy(Protocol):
 
     ``admission_key``: waiting requests are admitted smallest key first.
     ``running_key``: running requests are kept sorted by it; the last one is the first
-    preemption victim. ``preempts_for_priority``: whether, by default, a waiting request
-    that ranks strictly better may evict a running one (``scheduler.preempt_for_priority``
-    overrides it).
+    preemption victim. ``preempt_for_priority``: whether, by default, a waiting request
+    that ranks strictly better may evict a running one (the config's
+    ``scheduler.preempt_for_priority`` overrides it).
     """
 
-    preempts_for_priority: bool
+    preempt_for_priority: bool
 
     def admission_key(self, request: Request) -> SortKey: ...
 
@@ -40,7 +39,7 @@ class OrderingPolicy(Protocol):
 class FcfsOrdering:
     """First come, first served: by arrival time; the latest arrival yields first."""
 
-    preempts_for_priority = False
+    preempt_for_priority = False
 
     def admission_key(self, request: Request) -> SortKey:
         return (request.arrival_time, 0.0)
@@ -61,7 +60,7 @@ class PriorityOrdering:
     yields first.
     """
 
-    preempts_for_priority = True
+    preempt_for_priority = True
 
     def __init__(self, aging_rate: float) -> None:
         self.aging_rate = aging_rate
@@ -89,7 +88,7 @@ class SloOrdering:
     requests the worst priority, then the latest deadline, yields first.
     """
 
-    preempts_for_priority = True
+    preempt_for_priority = True
 
     def __init__(self, aging_rate: float) -> None:
         self.aging_rate = aging_rate

@@ -1,0 +1,160 @@
+"""SLO bookkeeping beside the scheduler: classes, deadlines, shedding, TTFT prediction
+errors, refusals, and the SLO-derived token budget.
+
+``SloTracker`` owns this state; the scheduler calls it through named hooks (on submit,
+on refusal, on queueing, on a first token, at the start of a step) and never reaches
+into it. Every hook is cheap when no SLO class is configured: a request without a class
+has no deadline to shed and no prediction to check.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+
+from orchestrator.core.config import SchedulerConfig, SLOClassConfig
+from orchestrator.core.errors import AdmissionError
+from orchestrator.core.predictor import ErrorWindow, StepTimePredictor, mixed_step
+from orchestrator.core.request import Request, RequestStatus
+
+# How many recent submissions the admitted-prompt-token rate is taken over.
+RECENT_ADMITS = 64
+
+
+def assign_class(request: Request, name: str | None, classes: Mapping[str, SLOClassConfig]) -> None:
+    """Give ``request`` SLO class ``name`` (a key of ``classes``, or ``None``): its TTFT
+    deadline (arrival plus the class's target; the arrival without a class) and its TPOT
+    target (s). Only for a request that is not queued yet: the deadline is part of its
+    sort key."""
+    request.slo_class = name
+    if name is None:
+        request.ttft_deadline, request.tpot_target_s = request.arrival_time, None
+        return
+    target = classes[name]
+    request.ttft_deadline = request.arrival_time + target.ttft_s
+    request.tpot_target_s = target.tpot_s
+
+
+class SloTracker:
+    """The scheduler's SLO state.
+
+    ``ttft_errors`` / ``ttft_errors_by_class``: relative errors of admission's TTFT
+    predictions against the first tokens that followed, overall and per class;
+    ``rejections``: refusals by ``(slo_class, code)``; ``num_shed``: waiting requests
+    ended past their deadline. Shedding (``admission.shed_after_deadline_s`` set) keeps
+    a heap of ``(deadline + slack, seq, request)`` for every queued request with a
+    class; entries of requests that ran or left are skipped when they come due.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._classes = config.slo_classes
+        self._default_class = config.default_slo_class
+        self._shed_slack = config.admission.shed_after_deadline_s
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self._seq = itertools.count()
+        # (arrival s, prompt tokens) of the last queued requests: the admitted-token rate.
+        self._recent: deque[tuple[float, int]] = deque(maxlen=RECENT_ADMITS)
+        self.ttft_errors = ErrorWindow()
+        self.ttft_errors_by_class: dict[str, ErrorWindow] = {}
+        self.rejections: dict[tuple[str | None, str], int] = {}
+        self.num_shed = 0
+
+    def on_submit(self, request: Request) -> None:
+        """Give a new request its class: its own, else ``default_slo_class``;
+        ``AdmissionError`` (naming ``slo_class``) for a class that is not configured."""
+        name = request.slo_class if request.slo_class is not None else self._default_class
+        if name is not None and name not in self._classes:
+            known = ", ".join(self._classes) or "none configured"
+            raise AdmissionError(
+                f"slo_class: unknown SLO class {name!r}; known: {known}", param="slo_class"
+            )
+        assign_class(request, name, self._classes)
+
+    def on_refused(self, request: Request, code: str) -> None:
+        key = (request.slo_class, code)
+        self.rejections[key] = self.rejections.get(key, 0) + 1
+
+    def on_queued(self, request: Request) -> None:
+        """A request was accepted into the waiting queue."""
+        self._recent.append((request.arrival_time, request.num_prompt_tokens))
+        if self._shed_slack is not None and request.slo_class is not None:
+            due = request.ttft_deadline + self._shed_slack
+            heapq.heappush(self._deadlines, (due, next(self._seq), request))
+
+    def on_first_token(self, request: Request, now: float) -> None:
+        """Check admission's TTFT prediction (if it made one) against ``now``."""
+        predicted = request.predicted_ttft_s
+        if predicted is None:
+            return
+        actual = now - request.arrival_time
+        self.ttft_errors.observe(predicted, actual)
+        if request.slo_class is not None:
+            window = self.ttft_errors_by_class.setdefault(request.slo_class, ErrorWindow())
+            window.observe(predicted, actual)
+
+    def has_due(self, now: float) -> bool:
+        """Whether a deadline (plus slack) passed before ``now``; O(1)."""
+        return bool(self._deadlines) and self._deadlines[0][0] < now
+
+    def due(self, now: float, live: Mapping[str, Request]) -> Iterator[Request]:
+        """The requests to shed now: those whose deadline plus slack passed before
+        ``now`` and that are still waiting (in ``live``, by id) without a token. The
+        caller ends each (``shed_error`` says why); entries of requests that ran or
+        left are dropped."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] < now:
+            request = heapq.heappop(deadlines)[2]
+            if (
+                live.get(request.request_id) is request
+                and request.status != RequestStatus.RUNNING
+                and request.first_token_time is None
+            ):
+                yield request
+
+    def shed_error(self, request: Request, now: float) -> str:
+        """Count ``request`` as shed and say why, for its error output."""
+        self.num_shed += 1
+        late_ms = (now - request.ttft_deadline) * 1e3
+        target_ms = (request.ttft_deadline - request.arrival_time) * 1e3
+        return (
+            f"ended before its first token: its TTFT deadline ({target_ms:,.0f} ms, SLO "
+            f"class {request.slo_class!r}) passed {late_ms:,.0f} ms ago"
+        )
+
+    def admitted_tokens_per_s(self) -> float:
+        """Prompt tokens per second of the last (up to ``RECENT_ADMITS``) queued requests,
+        by arrival time; 0 with fewer than two."""
+        recent = self._recent
+        if len(recent) < 2:
+            return 0.0
+        span = recent[-1][0] - recent[0][0]
+        return sum(n for _, n in list(recent)[1:]) / span if span > 0 else 0.0
+
+
+def slo_step_budget(
+    config: SchedulerConfig, running: Sequence[Request], predictor: StepTimePredictor
+) -> int:
+    """The SLO-derived token budget (tokens): the running requests' decode tokens plus the
+    largest prefill for which the predicted step time stays within ``slo_budget.margin``
+    x the tightest TPOT target among ``running`` (at least ``min_prefill_tokens``, at
+    most ``max_num_tokens`` in all); ``max_num_tokens`` when no running request has a
+    target. A binary search over the prefill size: about a dozen predictions."""
+    targets = [r.tpot_target_s for r in running if r.tpot_target_s is not None]
+    if not targets:
+        return config.max_num_tokens
+    limit = min(targets) * config.slo_budget.margin
+    decodes = len(running)
+    context = sum(r.num_computed_tokens for r in running)
+    predict, chunk = predictor.predict, config.chunk_size
+    lo, hi = 0, config.max_num_tokens - decodes
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if predict(mixed_step(decodes, context, mid, math.ceil(mid / chunk))) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    prefill = max(lo, config.slo_budget.min_prefill_tokens)
+    return max(1, min(config.max_num_tokens, decodes + prefill))

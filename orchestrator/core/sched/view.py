@@ -1,0 +1,74 @@
+"""What admission policies and the forecast may read of the scheduler: a narrow,
+read-only view (``SchedulerView``), so a policy cannot change the scheduler's state and
+a reader sees at a glance what a policy depends on. ``Scheduler`` satisfies it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol
+
+from orchestrator.core.config import SchedulerConfig
+from orchestrator.core.predictor import StepTimePredictor
+from orchestrator.core.request import Request
+from orchestrator.core.sched.ordering import OrderingPolicy, SortKey
+
+
+class WaitingView(Protocol):
+    """The waiting queue as admission sees it: its size, its uncomputed tokens and the
+    requests ranked ahead of an admission key (``RequestQueue``'s read side)."""
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    def ahead_of(self, key: SortKey) -> Iterator[Request]: ...
+
+    def __len__(self) -> int: ...
+
+
+class PrefixCacheView(Protocol):
+    """The KV manager's read-only prefix probe."""
+
+    def probe_cached_tokens(self, request: Request) -> int: ...
+
+
+class BlockCounts(Protocol):
+    """The KV pool's size (blocks) and the blocks a number of tokens takes."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    def blocks_for(self, num_tokens: int) -> int: ...
+
+
+class SchedulerView(Protocol):
+    """The scheduler's state as of a submission (times in seconds on the engine clock).
+
+    ``running``: best first; ``step_end_time``: when the step in flight ends (a
+    request submitted earlier waits for it); ``step_budget()``: the next step's token
+    budget; ``admitted_tokens_per_s()``: the recent rate of queued prompt tokens.
+    """
+
+    @property
+    def config(self) -> SchedulerConfig: ...
+
+    @property
+    def running(self) -> Sequence[Request]: ...
+
+    @property
+    def waiting(self) -> WaitingView: ...
+
+    @property
+    def kv(self) -> PrefixCacheView: ...
+
+    @property
+    def ordering(self) -> OrderingPolicy: ...
+
+    @property
+    def predictor(self) -> StepTimePredictor: ...
+
+    @property
+    def step_end_time(self) -> float: ...
+
+    def step_budget(self) -> int: ...
+
+    def admitted_tokens_per_s(self) -> float: ...
