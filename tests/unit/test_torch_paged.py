@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from plugins.torch_executor.model import RotaryTable, rotate
 from plugins.torch_executor.cpu_features import detect
 from plugins.torch_executor.kernel_build import VARIANT_NAMES, variant_named
+from plugins.torch_executor.model import RotaryTable, rotate
 from plugins.torch_executor.native import Kernels, load_kernels
 from plugins.torch_executor.paged import (
     PagedAttention,
