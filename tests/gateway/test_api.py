@@ -399,6 +399,7 @@ def test_metrics_count_requests_tokens_and_latencies(client: TestClient) -> None
     assert metric(text, "orchestrator_num_requests_running") == 0
     assert metric(text, "orchestrator_kv_blocks_used") == 0
     assert metric(text, "orchestrator_kv_blocks_total") == 64
+    assert metric(text, "orchestrator_executor_info", 'device="fake"') == 1
 
 
 # ---------------------------------------------------------------------- lifecycle

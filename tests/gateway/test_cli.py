@@ -41,3 +41,25 @@ def test_a_bad_config_exits_2_naming_the_key(
     args = parser().parse_args(["serve", "--config", str(bad)])
     assert args.func(args) == 2
     assert "server.prot: unknown key" in capsys.readouterr().err
+
+
+def test_doctor_reports_what_this_machine_would_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    assert main(["doctor", "--config", "configs/serve/smollm2-cpu.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("orchestrator ")
+    for key in ("cpu:", "cpu_features:", "kernels:", "dtype:", "weights:"):
+        assert f"  {key}" in out
+    assert main(["doctor", "--config", "configs/serve/llama3-70b-fp8-h100-trtllm.yaml"]) == 0
+    assert "no platform report" in capsys.readouterr().out
+
+
+def test_doctor_names_an_override_this_cpu_cannot_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("ORCHESTRATOR_CPU_ISA", "no-such-isa")
+    assert main(["doctor", "--config", "configs/serve/smollm2-cpu.yaml"]) == 2
+    assert "no CPU kernel variant 'no-such-isa'" in capsys.readouterr().err
