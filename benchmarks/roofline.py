@@ -12,23 +12,32 @@ Steps are timed as the median over ``--repeats`` rounds; the machine's rates as 
 round (the roof is what the machine can do: on a machine shared with other work, a
 median copy slows down more than a step does, which would flatter the steps).
 
-Roofline of a decode step: the weight bytes plus the KV bytes it reads (``batch *
-(context + 1)`` tokens) over the copy bandwidth. Roofline of a prefill chunk: its FLOPs
+Roofline of a decode step: the weight bytes it reads (in the layout its projections run
+in: int8 with its scales, bfloat16, or dense) plus the KV bytes (``batch * (context +
+1)`` tokens) over the copy bandwidth. Roofline of a prefill chunk: its FLOPs
 (every layer's projections for each token, causal attention's QK and PV, the LM head for
 the sampled row) over the matmul rate of its dtype. Each step prints as a percentage of
-its roofline (100% = at the roof). The last line, for the first dtype in ``--dtypes``,
-is:
+its roofline (100% = at the roof).
 
-    decode B=1 <a>%, B=64 <b>% of roofline; prefill <c>% of bf16 matmul
+Each table is one kernel variant (``--variants``: the one this CPU selects, a list, or
+``all`` it can run, each forced as ``ORCHESTRATOR_CPU_ISA`` would) and one setup
+(``--setups``: ``dtype/weights`` pairs; default what ``dtype: auto`` and ``weights:
+auto`` pick here, then float32 with dense weights as the baseline). The last line, for
+the first variant and setup, is:
+
+    <variant> <dtype>/<weights>: decode B=1 <a>%, B=64 <b>% of roofline; prefill <c>% of <dtype> matmul
 
 where ``c`` is the lower of the two chunks. Run:
-``.venv/bin/python benchmarks/roofline.py`` (about 2 minutes on 2 cores);
+``.venv/bin/python benchmarks/roofline.py`` (about 2 minutes a table on 2 cores);
 ``--device cuda`` measures a GPU the same way (its own copy bandwidth and GEMM rates).
+For the AVX2 path on a CPU with more, also cap oneDNN: ``ONEDNN_MAX_CPU_ISA=AVX2
+.venv/bin/python benchmarks/roofline.py --variants avx2``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -40,9 +49,11 @@ import torch
 
 from orchestrator.common.model_source import resolve_source
 from orchestrator.core import ModelConfig, SamplingParams, ScheduledRequest, SchedulerOutput
-from plugins.torch_executor import TorchExecutor
+from plugins.torch_executor import TorchExecutor, kernel_build
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR
+from plugins.torch_executor.cpu_features import cpu_model, detect
 from plugins.torch_executor.paged import PagedKVCache
+from plugins.torch_executor.precision import resolve_dtype, resolve_weights
 from plugins.torch_executor.weights import LlamaWeights, cached_gguf_folder, load_folder
 
 BLOCK_SIZE = 16
@@ -114,9 +125,10 @@ def prefill_flops(weights: LlamaWeights, tokens: int) -> float:
     return 2 * tokens * layer_params(weights) + 2 * lm_head + attention
 
 
-def decode_bytes(weights: LlamaWeights, batch: int, context: int) -> float:
+def decode_bytes(executor: TorchExecutor, batch: int, context: int) -> float:
+    weights = executor.runner.weights
     kv = PagedKVCache.bytes_per_block(weights.args, 1, weights.dtype) * batch * (context + 1)
-    return weights.num_bytes + kv
+    return executor.runner.decode_weight_bytes + kv
 
 
 def gemm_probes(weights: LlamaWeights, device: torch.device) -> list[Probe]:
@@ -143,8 +155,8 @@ def step_probe(name: str, executor: TorchExecutor, plan: SchedulerOutput, work: 
 
 
 def run(
-    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"]
-) -> tuple[Probe, list[Probe], list[Probe], list[Probe]]:
+    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"], weights_format: str
+) -> tuple[TorchExecutor, Probe, list[Probe], list[Probe], list[Probe]]:
     device = weights.device
     src = torch.empty(2**28, dtype=torch.uint8, device=device).fill_(1)  # 256 MiB
     dst = torch.empty_like(src)
@@ -152,13 +164,19 @@ def run(
     gemms = gemm_probes(weights, device)
     blocks = max(DECODE_BATCHES) * -(-(DECODE_CONTEXT + 1) // BLOCK_SIZE)
     blocks = max(blocks, -(-max(PREFILL_CHUNKS) // BLOCK_SIZE))
-    executor = TorchExecutor(weights, block_size=BLOCK_SIZE, num_blocks=blocks, kernels=kernels)
+    executor = TorchExecutor(
+        weights,
+        block_size=BLOCK_SIZE,
+        num_blocks=blocks,
+        kernels=kernels,
+        weights_format=weights_format,  # type: ignore[arg-type]
+    )
     decodes = [
         step_probe(
             f"decode B={batch}",
             executor,
             decode_plan(batch, DECODE_CONTEXT),
-            decode_bytes(weights, batch, DECODE_CONTEXT),
+            decode_bytes(executor, batch, DECODE_CONTEXT),
         )
         for batch in DECODE_BATCHES
     ]
@@ -173,20 +191,20 @@ def run(
     for _ in range(repeats):
         for p in probes:
             p.samples.append(timed(p.fn, device))
-    executor.shutdown()
-    return copy, gemms, decodes, prefills
+    return executor, copy, gemms, decodes, prefills
 
 
 def report(
-    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"]
+    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"], weights_format: str
 ) -> tuple[float, float, float]:
-    """Print one dtype's table; return (decode B=1 %, decode B=64 %, worst prefill %)."""
-    name = str(weights.dtype).removeprefix("torch.")
-    copy, gemms, decodes, prefills = run(weights, repeats, kernels)
+    """Print one setup's table; return (decode B=1 %, decode B=64 %, worst prefill %)."""
+    executor, copy, gemms, decodes, prefills = run(weights, repeats, kernels, weights_format)
+    ran = dict(executor.platform)
+    executor.shutdown()
     bandwidth = copy.best_rate
     matmul = max(g.best_rate for g in gemms)
     print(
-        f"{name}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (median "
+        f"kernels {ran['kernels']}, dtype {ran['dtype']}, weights {ran['weights']}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (median "
         f"{copy.work / copy.seconds / 1e9:.1f}); matmul "
         + ", ".join(f"{g.name} {g.best_rate / 1e12:.2f} TFLOP/s" for g in gemms)
         + f" (roof {matmul / 1e12:.2f})"
@@ -212,12 +230,25 @@ def report(
     return pct["decode B=1"], pct[f"decode B={max(DECODE_BATCHES)}"], worst_prefill
 
 
+def default_setups(device: str, kernels: str) -> str:
+    """What ``dtype: auto`` and ``weights: auto`` pick here, then float32 dense."""
+    dtype, _ = resolve_dtype("auto", device, kernel_build.effective(detect()))
+    fmt, _ = resolve_weights("auto", dtype, device, device == "cpu" and kernels == "auto")
+    setups = [f"{dtype}/{fmt}"]
+    return ",".join(setups if setups[0] == "float32/dense" else [*setups, "float32/dense"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--dtypes", default="bfloat16,float32", help="first one: last line")
+    parser.add_argument(
+        "--setups", help="dtype/weights pairs (default: auto here, then float32/dense)"
+    )
+    parser.add_argument(
+        "--variants", help="kernel variants, or 'all' this CPU runs (default: its own)"
+    )
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
@@ -226,23 +257,33 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    features = detect()
+    if args.variants == "all":
+        variants = [v.name for v in kernel_build.runnable(features)]
+    elif args.variants:
+        variants = args.variants.split(",")
+    else:
+        variants = [kernel_build.select_variant(features).name]
+    setups = (args.setups or default_setups(args.device, args.kernels)).split(",")
     folder = cached_gguf_folder(resolve_source(ModelConfig()), Path(args.cache_dir).expanduser())
     print(
-        f"SmolLM2-135M-Instruct on {args.device}, {args.threads} threads, torch "
-        f"{torch.__version__}, kernels={args.kernels}, {args.repeats} interleaved rounds "
-        f"(steps: medians, rates: best); decode at context {DECODE_CONTEXT}, block size {BLOCK_SIZE}"
+        f"SmolLM2-135M-Instruct on {args.device} ({cpu_model()}: {' '.join(features.names())}), "
+        f"{args.threads} threads, torch {torch.__version__}, kernels={args.kernels}, "
+        f"{args.repeats} interleaved rounds (steps: medians, rates: best); decode at context "
+        f"{DECODE_CONTEXT}, block size {BLOCK_SIZE}"
     )
     results = {}
-    for name in args.dtypes.split(","):
-        weights = load_folder(folder, getattr(torch, name), args.device)
-        results[name] = report(weights, args.repeats, args.kernels)
-        del weights
-    first = args.dtypes.split(",")[0]
-    b1, b64, prefill = results[first]
-    short = {"bfloat16": "bf16", "float32": "fp32"}[first]
+    for variant in variants:
+        os.environ[kernel_build.ISA_ENV] = variant
+        for setup in setups:
+            dtype, fmt = setup.split("/")
+            weights = load_folder(folder, getattr(torch, dtype), args.device)
+            results[variant, setup] = report(weights, args.repeats, args.kernels, fmt)
+            del weights
+    b1, b64, prefill = results[variants[0], setups[0]]
     print(
-        f"decode B=1 {b1:.0f}%, B={max(DECODE_BATCHES)} {b64:.0f}% of roofline; "
-        f"prefill {prefill:.0f}% of {short} matmul"
+        f"{variants[0]} {setups[0]}: decode B=1 {b1:.0f}%, B={max(DECODE_BATCHES)} {b64:.0f}% "
+        f"of roofline; prefill {prefill:.0f}% of {setups[0].split('/')[0]} matmul"
     )
 
 
