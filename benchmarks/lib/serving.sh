@@ -1,8 +1,10 @@
 # Shared by the served benchmarks (benchmarks/serve_*.sh): one server at a time on
 # 127.0.0.1:$PORT, started in the background and stopped with SIGTERM (its drain).
 # Source it after setting PY (the Python with httpx), PORT, READY_TIMEOUT_S and
-# defining die(); it sets SERVER_PID and an EXIT trap that stops the server (a script
-# with more to clean up calls stop_server from its own trap instead).
+# defining die(); READY_PATH (default /ready) is the route that answers 200 once the
+# server is ready (llama.cpp's llama-server has /health). It sets SERVER_PID and an EXIT
+# trap that stops the server (a script with more to clean up calls stop_server from its
+# own trap instead).
 
 SERVER_PID=""
 
@@ -20,19 +22,20 @@ require_free_port() {
         die "port $PORT is already in use; set PORT"
 }
 
-launch_server() { # LOG COMMAND...: run COMMAND in the background, wait for /ready
+launch_server() { # LOG COMMAND...: run COMMAND in the background, wait for READY_PATH
     local log=$1
     shift
     "$@" >"$log" 2>&1 &
     SERVER_PID=$!
-    "$PY" - "$PORT" "$READY_TIMEOUT_S" "$SERVER_PID" <<'PY' || die "server did not start; see $log"
+    local path=${READY_PATH:-/ready}
+    "$PY" - "$PORT" "$READY_TIMEOUT_S" "$SERVER_PID" "$path" <<'PY' || die "server did not start; see $log"
 import os
 import sys
 import time
 
 import httpx
 
-port, timeout_s, pid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+port, timeout_s, pid, path = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 deadline = time.monotonic() + timeout_s
 while time.monotonic() < deadline:
     try:
@@ -40,7 +43,7 @@ while time.monotonic() < deadline:
     except ProcessLookupError:
         sys.exit("the server exited before it was ready")
     try:
-        if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+        if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2).status_code == 200:
             sys.exit(0)
     except httpx.HTTPError:
         pass
