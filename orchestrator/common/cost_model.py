@@ -27,9 +27,10 @@ ACTIVATION_BYTES = 2.0
 
 
 def _compute_dtype(gpu: GPUSpec, storage: DType) -> DType:
-    """FP8 data runs on FP8 tensor cores where the GPU has them; elsewhere it is
-    dequantised and multiplied in BF16 (weight-only FP8, as on A100)."""
-    if storage == "fp8" and gpu.fp8_flops is None:
+    """FP8 (or int8) data runs on FP8 tensor cores where the GPU has them; elsewhere it
+    is dequantised and multiplied in BF16 (weight-only FP8, as on A100; weight-only int8,
+    as the torch executor's CPU kernels widen it)."""
+    if storage in ("fp8", "int8") and gpu.fp8_flops is None:
         return "bf16"
     return storage
 

@@ -54,6 +54,8 @@ SHAPES: dict[str, list[tuple[int, int]]] = {
 }
 
 TORCH_TO_SPEC_DTYPE: dict[str, DType] = {"float32": "fp32", "bfloat16": "bf16"}
+# The torch executor's compact weight formats (``info().platform["weights"]``).
+WEIGHT_FORMAT_TO_SPEC_DTYPE: dict[str, DType] = {"int8": "int8", "bfloat16": "bf16"}
 
 # The torch executor serves one model per process; its dimensions live in configs/models.
 EMBEDDED_SPECS = {"embedded:smollm2-135m-instruct": "smollm2-135m"}
@@ -219,11 +221,16 @@ def spec_name_for(engine: EngineConfig) -> str:
 
 
 def unit_costs(
-    model: ModelSpec, dtype: DType, shapes: Sequence[Sequence[tuple[int, int]]], block_size: int
+    model: ModelSpec,
+    dtype: DType,
+    shapes: Sequence[Sequence[tuple[int, int]]],
+    block_size: int,
+    weight_dtype: DType | None = None,
 ) -> list[StepCost]:
-    """Each shape's cost model at unit rates: the fields hold bytes and FLOPs."""
+    """Each shape's cost model at unit rates: the fields hold bytes and FLOPs. Weights are
+    in ``weight_dtype`` (``dtype`` when ``None``), the KV cache in ``dtype``."""
     unit = GPUSpec(name="unit", memory_bytes=1.0, hbm_bw=1.0, bf16_flops=1.0, interconnect_bw=1.0)
-    cost_model = CostModel(model, unit, weight_dtype=dtype, kv_dtype=dtype)
+    cost_model = CostModel(model, unit, weight_dtype=weight_dtype or dtype, kv_dtype=dtype)
     return [cost_model.step_cost(shape_plan(s, block_size)) for s in shapes]
 
 
@@ -248,8 +255,11 @@ def calibrate(
     """Time ``executor`` (the torch executor ``engine`` describes) on every shape, fit
     the cost model, write the hardware profile and the simulation config; returns their
     paths."""
-    torch_dtype = str(engine.executor.options.dtype)
+    # What the executor resolved (``dtype: auto``, the weight format), as it reports it.
+    ran = dict(executor.info().platform)
+    torch_dtype = ran.get("dtype", str(engine.executor.options.dtype))
     dtype = TORCH_TO_SPEC_DTYPE[torch_dtype]
+    weight_dtype = WEIGHT_FORMAT_TO_SPEC_DTYPE.get(ran.get("weights", "dense"), dtype)
     spec_name = spec_name_for(engine)
     block_size = engine.cache.block_size
     measured = {}
@@ -257,7 +267,9 @@ def calibrate(
         measured[name] = time_step(executor, shape_plan(shape, block_size), repeats)
         print(f"  {name:<24} {measured[name] * 1e3:8.1f} ms", flush=True)
     write_predictor_prior(output_dir, block_size, measured)
-    units = unit_costs(load_model_spec(spec_name), dtype, list(SHAPES.values()), block_size)
+    units = unit_costs(
+        load_model_spec(spec_name), dtype, list(SHAPES.values()), block_size, weight_dtype
+    )
     bw_peak, fl_peak = peak_bandwidth(), peak_flops(torch_dtype)
     result = fit(
         units,
@@ -279,7 +291,7 @@ def calibrate(
         output_dir,
         engine,
         spec_name,
-        dtype,
+        (dtype, weight_dtype),
         (bw_peak, bw_eff),
         (fl_peak, fl_eff),
         result,
@@ -323,7 +335,7 @@ def write_profiles(
     output_dir: Path,
     engine: EngineConfig,
     spec_name: str,
-    dtype: DType,
+    dtypes: tuple[DType, DType],
     bandwidth: tuple[float, float],
     flops: tuple[float, float],
     result: Fit,
@@ -331,7 +343,8 @@ def write_profiles(
 ) -> tuple[Path, Path]:
     """The hardware profile (``bandwidth`` and ``flops`` are (peak, efficiency) pairs)
     and a simulation config of the same engine on it, its KV pool pinned to the torch
-    executor's ``kv_blocks``."""
+    executor's ``kv_blocks``; ``dtypes``: the executor's (activations and KV, weights)."""
+    dtype, weight_dtype = dtypes
     output_dir.mkdir(parents=True, exist_ok=True)
     hardware = GPUSpec(
         name="local-cpu",
@@ -351,7 +364,7 @@ def write_profiles(
     sim_options = Deployment(
         model=spec_name,
         hardware=str(hw_path.resolve()),
-        weight_dtype=dtype,
+        weight_dtype=weight_dtype,
         kv_dtype=dtype,
         tp=1,
         step_overhead_s=result.overhead_s,
