@@ -48,6 +48,18 @@ class FakeExecutor:
             self.num_blocks, self.block_size, max_model_len=None, platform=(("device", "fake"),)
         )
 
+    def crash_after(self, steps: int) -> None:
+        """From now on, ``execute`` raises ``RuntimeError("device lost")`` once ``steps``
+        plans have run: a broken executor, which stops the engine."""
+        execute = self.execute
+
+        def crashing(plan: SchedulerOutput) -> StepResult:
+            if len(self.plans) >= steps:
+                raise RuntimeError("device lost")
+            return execute(plan)
+
+        self.execute = crashing  # type: ignore[method-assign]
+
     def execute(self, plan: SchedulerOutput) -> StepResult:
         self.plans.append(plan)
         sampled: dict[str, int] = {}

@@ -204,14 +204,7 @@ async def test_a_crashing_step_fails_every_live_request_and_later_submissions(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     core, executor = fake_core()
-    execute = executor.execute
-
-    def crash_after_two_steps(plan: SchedulerOutput) -> StepResult:
-        if len(executor.plans) >= 2:
-            raise RuntimeError("device lost")
-        return execute(plan)
-
-    executor.execute = crash_after_two_steps  # type: ignore[method-assign]
+    executor.crash_after(2)
     engine = await started(core)
     results = await asyncio.gather(
         collect(engine, "a", 10), collect(engine, "b", 10), return_exceptions=True

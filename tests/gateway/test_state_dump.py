@@ -9,7 +9,6 @@ import logging
 import pytest
 
 from orchestrator.core.errors import EngineDeadError
-from orchestrator.core.output import SchedulerOutput, StepResult
 from orchestrator.gateway.async_engine import AsyncEngine
 from tests.factories import make_engine, make_request, run_step
 from tests.gateway.support import fake_core
@@ -30,14 +29,7 @@ def test_the_dump_names_the_last_plan_and_the_stats_but_no_token_ids() -> None:
 
 async def test_a_crash_logs_the_engine_state_once(caplog: pytest.LogCaptureFixture) -> None:
     core, executor = fake_core()
-    execute = executor.execute
-
-    def crash_on_the_second_step(plan: SchedulerOutput) -> StepResult:
-        if len(executor.plans) >= 1:
-            raise RuntimeError("device lost")
-        return execute(plan)
-
-    executor.execute = crash_on_the_second_step  # type: ignore[method-assign]
+    executor.crash_after(1)
     engine = AsyncEngine(core)
     engine.start()
     with caplog.at_level(logging.ERROR, logger="orchestrator.gateway.async_engine"):
