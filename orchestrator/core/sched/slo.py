@@ -141,9 +141,10 @@ def slo_step_budget(
     largest prefill for which the predicted step time stays within ``slo_budget.margin``
     x the tightest TPOT target among ``running`` (at least ``min_prefill_tokens``, at
     most ``max_num_tokens`` in all); ``max_num_tokens`` when no running request has a
-    target. A binary search over the prefill size: about a dozen predictions."""
+    target, or while the predictor is not trusted (a wrong fit must not starve
+    prefill). A binary search over the prefill size: about a dozen predictions."""
     targets = [r.tpot_target_s for r in running if r.tpot_target_s is not None]
-    if not targets:
+    if not targets or not predictor.trusted:
         return config.max_num_tokens
     limit = min(targets) * config.slo_budget.margin
     decodes = len(running)
