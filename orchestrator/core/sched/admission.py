@@ -150,7 +150,7 @@ class SloAdmission(QueueLimitAdmission):
             until = now + budget_s if own_due is None else own_due
             ahead += self.bookings.expected_ahead(until)
         waited = now - request.arrival_time
-        predicted = waited + forecast.first_token_s(ahead, own)
+        predicted = waited + forecast.first_token_s(ahead, own, request.priority)
         # Kept by an admitted request only; a refused one is dropped whole.
         request.predicted_ttft_s = predicted
         request.num_expected_cached_tokens = cached
