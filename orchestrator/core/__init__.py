@@ -5,6 +5,7 @@ benchmark client and the executor plug-ins use only these names. It imports no t
 numpy, FastAPI or TensorRT-LLM (a test checks).
 """
 
+from orchestrator.core.calibration import shape_plan, time_step
 from orchestrator.core.clock import Clock, VirtualClock, WallClock
 from orchestrator.core.config import (
     AdmissionConfig,
@@ -48,6 +49,7 @@ from orchestrator.core.predictor import (
     ErrorWindow,
     LinearStepTimePredictor,
     ModelStepTimePredictor,
+    PredictorState,
     StepFeatures,
     StepTimePredictor,
     features_of,
@@ -81,6 +83,7 @@ __all__ = [
     "ModelStepTimePredictor",
     "OverloadedError",
     "PredictorConfig",
+    "PredictorState",
     "RequestOutput",
     "SLOBudgetConfig",
     "SLOClassConfig",
@@ -111,4 +114,6 @@ __all__ = [
     "prefix_hashes",
     "registered_executors",
     "root_hash",
+    "shape_plan",
+    "time_step",
 ]

@@ -137,8 +137,9 @@ class FairShareConfig(StrictModel):
 class StepTimePrior(StrictModel):
     """Coefficients of the linear step-time model, in seconds per unit: the fixed cost of
     a step, per token run, per request in the step, per cached token attended and per
-    (query, position) attention pair. The defaults suit a small model on a CPU;
-    ``orchestrator calibrate`` prints a fitted set for the local machine."""
+    (query, position) attention pair. The defaults are a starting point measured on no
+    machine in particular (the predictor does not trust them until steps confirm them);
+    the engine fits its own at start, and ``orchestrator calibrate`` prints one offline."""
 
     overhead_s: float = Field(0.02, ge=0)
     per_token_s: float = Field(2e-4, ge=0)
@@ -153,14 +154,22 @@ class PredictorConfig(StrictModel):
 
     ``window`` is how many recent steps the least-squares fit covers; ``refit_every``
     how many observed steps pass between refits; ``prior_weight`` how many steps' worth
-    of evidence the ``prior`` coefficients count as (ridge regression towards them), so
-    the first predictions are the prior's and a window of real steps outweighs it.
+    of evidence the prior counts as (pseudo-steps of a few shapes, timed by it), so the
+    first predictions are the prior's and a window of real steps outweighs it.
+
+    The prior: ``prior`` when set (an override, trusted as given until its error says
+    otherwise); else, with ``calibrate_at_start``, one fitted before the server is ready
+    to steps of ``calibration_repeats`` timings each on the loaded executor; else
+    ``StepTimePrior()``'s defaults, which admission does not act on until real steps
+    confirm them.
     """
 
     window: int = Field(256, ge=8, le=100_000)
     refit_every: int = Field(8, ge=1)
     prior_weight: float = Field(4.0, gt=0)
-    prior: StepTimePrior = Field(default_factory=StepTimePrior)
+    prior: StepTimePrior | None = None
+    calibrate_at_start: bool = True
+    calibration_repeats: int = Field(3, ge=1, le=50)
 
 
 class SchedulerConfig(StrictModel):

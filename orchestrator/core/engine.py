@@ -3,18 +3,42 @@ traffic on a wall clock and runs the simulator on a virtual one."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator.core.calibration import calibrate_prior, startup_shapes
 from orchestrator.core.clock import Clock, WallClock
-from orchestrator.core.config import EngineConfig
+from orchestrator.core.config import EngineConfig, StepTimePrior
 from orchestrator.core.executor import Executor, ExecutorInfo, create_executor
 from orchestrator.core.kv.manager import KVCacheManager
 from orchestrator.core.output import RequestOutput, SchedulerOutput, StepCost, StepResult
-from orchestrator.core.predictor import ErrorWindow, StepTimePredictor, features_of
+from orchestrator.core.predictor import (
+    ErrorWindow,
+    LinearStepTimePredictor,
+    PredictorState,
+    StepTimePredictor,
+    features_of,
+)
 from orchestrator.core.request import Request, Submission
 from orchestrator.core.sched.scheduler import Scheduler
 
 __all__ = ["EngineCore", "EngineStats", "EngineStep", "RequestOutput"]
+
+logger = logging.getLogger(__name__)
+
+# What the log says when the step-time predictor's state changes.
+_STATE_MESSAGES = {
+    PredictorState.TRUSTED: "step-time predictor trusted: SLO admission acts on its predictions",
+    PredictorState.UNCALIBRATED: (
+        "step-time predictor uncalibrated (default prior): SLO admission falls back to "
+        "queue limits until measured steps confirm it"
+    ),
+    PredictorState.DRIFTING: (
+        "step-time predictor drifting (recent error over its bound, or the step cost "
+        "changed): SLO admission falls back to queue limits until the fit recovers"
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +74,7 @@ class EngineStats:
     num_shed: int = 0
     rejections: tuple[tuple[str, str, int], ...] = ()
     ttft_prediction_error_by_class: tuple[tuple[str, float], ...] = ()
+    predictor_state: PredictorState = PredictorState.TRUSTED
 
 
 def _checked_info(config: EngineConfig, info: ExecutorInfo) -> tuple[int, int]:
@@ -97,6 +122,7 @@ class EngineCore:
         self.step_time_errors = ErrorWindow()
         # The plan of the step in progress (or the last one): a crash report shows it.
         self.last_plan: SchedulerOutput | None = None
+        self._predictor_state = scheduler.predictor.state
 
     @property
     def max_model_len(self) -> int:
@@ -129,6 +155,44 @@ class EngineCore:
         scheduler = Scheduler(config.scheduler, kv, max_model_len, predictor)
         return cls(scheduler, executor, clock if clock is not None else WallClock(), info)
 
+    def calibrate_predictor(self, config: EngineConfig) -> StepTimePrior | None:
+        """Before serving: fit the step-time predictor's prior to steps timed on this
+        executor (``calibration.startup_shapes``), unless ``scheduler.predictor`` sets a
+        prior (an override) or turns calibration off, or the predictor is a model of its
+        own (the simulator's). Logs and returns the fitted prior (seconds per unit), or
+        ``None`` when none ran (and logs the predictor's state if it is not trusted)."""
+        predictor = self.scheduler.predictor
+        settings = config.scheduler.predictor
+        skip = settings.prior is not None or not settings.calibrate_at_start
+        if skip or not isinstance(predictor, LinearStepTimePredictor):
+            if not predictor.trusted:
+                logger.warning(_STATE_MESSAGES[predictor.state])
+            return None
+        kv = self.scheduler.kv
+        shapes = startup_shapes(config.scheduler, kv.num_blocks, kv.block_size)
+        prior, measured = calibrate_prior(
+            self.executor, shapes, kv.block_size, settings.calibration_repeats
+        )
+        predictor.calibrate(prior)
+        self._note_predictor_state()
+        logger.info(
+            "step-time predictor calibrated on %d shapes (median of %d steps each, after "
+            "a discarded first): %s; measured %s",
+            len(shapes),
+            settings.calibration_repeats,
+            ", ".join(f"{k}={v:.3g}" for k, v in prior.model_dump().items()),
+            ", ".join(f"{_describe(s)} {t * 1e3:.1f} ms" for s, t in measured),
+        )
+        return prior
+
+    def _note_predictor_state(self) -> None:
+        """Log a change of the predictor's state (it changes on the engine thread)."""
+        state = self.scheduler.predictor.state
+        if state is not self._predictor_state:
+            self._predictor_state = state
+            log = logger.info if state is PredictorState.TRUSTED else logger.warning
+            log(_STATE_MESSAGES[state])
+
     def add_request(self, submission: Submission) -> float | None:
         """Queue a submission; raises ``AdmissionError`` or ``OverloadedError`` with nothing
         queued. The caller stamps ``arrival_time`` on this engine's clock. Returns the
@@ -157,6 +221,7 @@ class EngineCore:
             result = self.executor.execute(plan)
             predictor.observe(features, result.duration_s)
             self.step_time_errors.observe(predicted, result.duration_s)
+            self._note_predictor_state()
         elif plan.finished_ids or plan.preempted_ids:
             result = self.executor.execute(plan)
         else:
@@ -174,6 +239,7 @@ class EngineCore:
             num_preemptions=s.num_preemptions,
             step_time_error=self.step_time_errors.median,
             ttft_prediction_error=slo.ttft_errors.median,
+            predictor_state=s.predictor.state,
             num_shed=slo.num_shed,
             rejections=tuple(
                 (slo_class or "", code, count)
@@ -209,3 +275,13 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _describe(shape: Sequence[tuple[int, int]]) -> str:
+    """``prefill 256``, ``decode x8 @128``, ``256 + decode x8`` for a calibration shape."""
+    prefill = [n for n, _ in shape if n > 1]
+    decodes = [c for n, c in shape if n == 1]
+    parts = [f"prefill {prefill[0]}"] if prefill else []
+    if decodes:
+        parts.append(f"decode x{len(decodes)} @{decodes[0]}")
+    return " + ".join(parts)

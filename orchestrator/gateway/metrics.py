@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from orchestrator.common.metrics import RequestRecord
-from orchestrator.core import EngineStats, FinishReason
+from orchestrator.core import EngineStats, FinishReason, PredictorState
 
 PREFIX = "orchestrator"
 VLLM_PREFIX = "vllm:"
@@ -108,6 +108,21 @@ class _EngineCollector(Collector):
         for slo_class, class_error in stats.ttft_prediction_error_by_class:
             by_class.add_metric([slo_class], class_error)
         yield by_class
+        yield GaugeMetricFamily(
+            f"{PREFIX}_step_time_predictor_trusted",
+            "1 while SLO admission acts on the step-time predictor; 0 while it falls back "
+            "to queue limits (no fit measured here yet, or its recent error over its bound).",
+            value=float(stats.predictor_state is PredictorState.TRUSTED),
+        )
+        state = GaugeMetricFamily(
+            f"{PREFIX}_step_time_predictor_state",
+            "The step-time predictor's state: 1 for the current one (trusted, "
+            "uncalibrated, drifting).",
+            labels=["state"],
+        )
+        for candidate in PredictorState:
+            state.add_metric([candidate.value], float(candidate is stats.predictor_state))
+        yield state
         # Median |predicted - actual| / actual over recent steps / first tokens; absent
         # until there is one.
         errors = {

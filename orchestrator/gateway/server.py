@@ -35,12 +35,16 @@ SHUTDOWN_REASON = "the server is shutting down"
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
-    """The engine core with the configured executor, and the model's tokenizer."""
+    """The engine core with the configured executor, its step-time predictor calibrated
+    on it (before ``/ready``: the engine starts once this returns), and the model's
+    tokenizer."""
     from orchestrator.common.model_source import load_tokenizer
     from orchestrator.core import EngineCore
 
     tokenizer = HFTokenizer(load_tokenizer(config.model))
-    return LoadedModel(EngineCore.from_config(config), tokenizer)
+    core = EngineCore.from_config(config)
+    core.calibrate_predictor(config)
+    return LoadedModel(core, tokenizer)
 
 
 class GatewayServer(uvicorn.Server):

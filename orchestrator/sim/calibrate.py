@@ -30,14 +30,13 @@ from orchestrator.core import (
     EngineConfig,
     Executor,
     ExecutorSpec,
-    SamplingParams,
-    ScheduledRequest,
-    SchedulerOutput,
     StepCost,
     create_executor,
     features_of,
     fit_prior,
     load_engine_config,
+    shape_plan,
+    time_step,
 )
 
 # (new tokens, cached positions) per request of each measured step.
@@ -76,25 +75,6 @@ class Fit:
     attention_efficiency: float
     overhead_s: float
     max_rel_error: float
-
-
-def shape_plan(shape: Sequence[tuple[int, int]], block_size: int) -> SchedulerOutput:
-    """A plan of one request per ``(new tokens, cached positions)`` entry, on disjoint
-    blocks from 0, every request sampling."""
-    params = SamplingParams(max_tokens=1, temperature=0.0)
-    scheduled, block = [], 0
-    for i, (n, cached) in enumerate(shape):
-        blocks = math.ceil((cached + n) / block_size)
-        table = list(range(block, block + blocks))
-        block += blocks
-        scheduled.append(ScheduledRequest(f"cal-{i}", [1] * n, cached, table, True, params))
-    return SchedulerOutput(scheduled=scheduled)
-
-
-def time_step(executor: Executor, plan: SchedulerOutput, repeats: int) -> float:
-    """Median of ``repeats`` step durations (s) after one warm-up step."""
-    executor.execute(plan)
-    return statistics.median(executor.execute(plan).duration_s for _ in range(repeats))
 
 
 def predict(

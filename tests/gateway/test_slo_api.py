@@ -26,12 +26,13 @@ def body(**extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": "w1 w2 w3", "max_tokens": 3, **extra}
 
 
-def slo_core(step_s: float):  # type: ignore[no-untyped-def]
+def slo_core(step_s: float, **scheduler: Any):  # type: ignore[no-untyped-def]
     core, _ = fake_core(
         predictor=constant_step_time(step_s),
         slo_classes=CLASSES,
         default_slo_class="batch",
         admission={"type": "slo"},
+        **scheduler,
     )
     return core
 
@@ -49,15 +50,19 @@ def test_an_unknown_class_is_a_400_naming_the_field() -> None:
 
 
 def test_slo_admission_refuses_with_code_and_computed_retry_after() -> None:
-    # Every step is predicted at 5 s: an interactive request (100 ms) cannot make it.
-    with client_for(slo_core(5.0)) as client:
-        r = client.post("/v1/completions", json=body(slo_class="interactive"))
+    # Every step is predicted at 5 s and runs 16 tokens: an interactive request (100 ms)
+    # with a 40-token prompt cannot make it. (A prompt that fits one step is admitted
+    # at an idle server whatever the prediction: nothing could serve it sooner.)
+    prompt = " ".join(f"w{i}" for i in range(40))
+    with client_for(slo_core(5.0, max_num_tokens=16, chunk_size=16, max_batch_size=4)) as client:
+        r = client.post("/v1/completions", json=body(slo_class="interactive", prompt=prompt))
         assert r.status_code == 429
         assert r.json()["error"]["code"] == "ttft_unattainable"
-        # predicted 5 s (one step) - 0.1 s target = 4.9 s, in whole seconds.
-        assert r.headers["retry-after"] == "5"
+        # predicted 15 s (three steps) - 0.1 s target = 14.9 s, in whole seconds.
+        assert r.headers["retry-after"] == "15"
         # The header picks the class too; batch's 60 s target admits it.
-        ok = client.post("/v1/completions", json=body(), headers={"X-SLO-Class": "batch"})
+        headers = {"X-SLO-Class": "batch"}
+        ok = client.post("/v1/completions", json=body(prompt=prompt), headers=headers)
         assert ok.status_code == 200
         text = client.get("/metrics").text
         refused = (

@@ -13,8 +13,9 @@ from orchestrator.core import OverloadedError, SchedulerConfig
 from orchestrator.core.errors import AdmissionError
 from orchestrator.core.predictor import ModelStepTimePredictor, StepFeatures
 from orchestrator.core.request import FinishReason, RequestStatus
-from orchestrator.core.sched.forecast import RETURN_GRACE_S, RETURN_RATE_WEIGHT, Bookings
+from orchestrator.core.sched.forecast import RETURN_GRACE_S, RETURN_RATE_WEIGHT, Bookings, Forecast
 from orchestrator.core.sched.ordering import SloOrdering
+from orchestrator.core.sched.slo import OutputLengths
 from orchestrator.core.sched.waiting import WaitingQueue
 from tests.factories import (
     constant_step_time,
@@ -401,3 +402,59 @@ def _sampled(plan):  # type: ignore[no-untyped-def]
     from orchestrator.core.output import StepResult
 
     return StepResult({s.request_id: 5 for s in plan.scheduled if s.sample}, duration_s=0.01)
+
+
+# ------------------------------------------------------------------ expected output length
+
+
+def test_expected_output_length_is_learned_per_class_and_capped_by_max_tokens() -> None:
+    lengths = OutputLengths(window=16, min_count=4, quantile=0.75)
+    long = make_request(max_tokens=1000, slo_class="chat")
+    assert lengths.expected(long) == 1000  # nothing observed yet: its max_tokens
+    for n in (10, 20, 30):
+        lengths.observe("chat", n, stopped=True)
+    assert lengths.cap("chat") is None and lengths.expected(long) == 1000  # too few
+    lengths.observe("chat", 40, stopped=True)
+    assert lengths.cap("chat") == 40  # the 0.75 quantile of [10, 20, 30, 40]
+    assert lengths.expected(long) == 40
+    assert lengths.expected(make_request(max_tokens=25, slo_class="chat")) == 25
+    # Other classes, and requests without one, learn separately.
+    assert lengths.expected(make_request(max_tokens=1000, slo_class="batch")) == 1000
+    assert lengths.expected(make_request(max_tokens=1000)) == 1000
+    # A request already past the cap is in the tail: back to its own limit.
+    past = make_request(max_tokens=1000, slo_class="chat")
+    past.output_token_ids.extend([1] * 41)
+    assert lengths.expected(past) == 1000
+    # Requests cut off at their limit would have run longer: when the quantile falls on
+    # them, the class's outputs run to their limits and max_tokens is the prediction.
+    for _ in range(4):
+        lengths.observe("chat", 50, stopped=False)
+    assert lengths.cap("chat") is None and lengths.expected(long) == 1000
+
+
+def test_the_scheduler_teaches_output_lengths_from_requests_that_stop() -> None:
+    sched = slo_scheduler(max_batch_size=16)
+    for _ in range(8):  # token 5 is what every step samples: each stops after one token
+        sched.add_request(make_request(8, max_tokens=100, slo_class="batch", stop_token_ids=(5,)))
+    sched.update(plan := sched.schedule(0.0), _sampled(plan), 0.1)
+    assert not sched.requests
+    assert sched.slo.expected_output_tokens(make_request(max_tokens=100, slo_class="batch")) == 1
+    unseen = make_request(max_tokens=100, slo_class="interactive")
+    assert sched.slo.expected_output_tokens(unseen) == 100
+
+
+def test_the_forecast_counts_priority_preemption_and_expected_lengths() -> None:
+    """Two running requests of priority 1 fill the batch (50 tokens each at most). A
+    priority-0 newcomer evicts one at the next step; one of priority 1 waits for a slot,
+    for as long as the running requests are expected to run."""
+    sched = slo_scheduler(policy="slo", max_batch_size=2)
+    for _ in range(2):
+        sched.add_request(make_request(32, max_tokens=50, priority=1, slo_class="batch"))
+    sched.update(plan := sched.schedule(0.0), _sampled(plan), 0.1)  # prompts done, 1 token
+    assert sched.num_running == 2
+    assert Forecast(sched, 0.1).first_token_s([], 32, priority=0) == pytest.approx(0.1)
+    # 49 decode steps until a slot frees, then its prompt's step.
+    assert Forecast(sched, 0.1).first_token_s([], 32, priority=1) == pytest.approx(5.0)
+    for _ in range(8):  # the class's requests usually stop after 4 tokens
+        sched.slo.output_lengths.observe("batch", 4, stopped=True)
+    assert Forecast(sched, 0.1).first_token_s([], 32, priority=1) == pytest.approx(0.4)

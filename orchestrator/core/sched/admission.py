@@ -117,6 +117,13 @@ class SloAdmission(QueueLimitAdmission):
     those ahead of it (``num_expected_cached_tokens``). A request without an SLO class
     is only subject to the queue limits. The prediction is stored on the request
     (``predicted_ttft_s``) so the engine can track its error.
+
+    Two safeguards against a wrong step-time fit: while the predictor is not
+    ``trusted`` (no fit measured here yet, or its recent error over its bound) only the
+    queue limits apply, and no TTFT is predicted; and a request at an idle server (no
+    step in flight, nothing running, nothing waiting or booked ahead of it) whose prompt
+    fits one step is always admitted: nothing could serve it sooner, so a refusal would
+    help no one.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -126,7 +133,7 @@ class SloAdmission(QueueLimitAdmission):
     def admit(self, scheduler: SchedulerView, request: Request, now: float) -> None:
         super().admit(scheduler, request, now)
         cfg = self.config
-        if request.slo_class is None:
+        if request.slo_class is None or not scheduler.predictor.trusted:
             return
         target = cfg.slo_classes[request.slo_class]
         forecast = Forecast(scheduler, now)
@@ -143,11 +150,11 @@ class SloAdmission(QueueLimitAdmission):
             until = now + budget_s if own_due is None else own_due
             ahead += self.bookings.expected_ahead(until)
         waited = now - request.arrival_time
-        predicted = waited + forecast.first_token_s(ahead, own)
+        predicted = waited + forecast.first_token_s(ahead, own, request.priority)
         # Kept by an admitted request only; a refused one is dropped whole.
         request.predicted_ttft_s = predicted
         request.num_expected_cached_tokens = cached
-        if predicted <= budget_s:
+        if predicted <= budget_s or self._idle_and_fits(scheduler, forecast, ahead, own):
             return
         if self._downgrade(scheduler, request, predicted):
             return
@@ -166,6 +173,20 @@ class SloAdmission(QueueLimitAdmission):
             ),
             retry_after,
             code="ttft_unattainable",
+        )
+
+    @staticmethod
+    def _idle_and_fits(
+        scheduler: SchedulerView, forecast: Forecast, ahead: list[int], own: int
+    ) -> bool:
+        """Whether nothing runs, is in flight, waits or is booked ahead, and ``own``
+        prompt tokens fit one step: then this request's first token cannot come sooner
+        on any schedule."""
+        return (
+            not scheduler.running
+            and not ahead
+            and forecast.in_flight_s == 0.0
+            and own <= forecast.prefill_per_step
         )
 
     def _downgrade(self, scheduler: SchedulerView, request: Request, predicted: float) -> bool:

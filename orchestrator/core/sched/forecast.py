@@ -11,14 +11,21 @@ The model, from the scheduler's state at a submission (``view.SchedulerView``):
 - a request's first token comes once the prefill ahead of it (running requests'
   unfinished prompts, the waiting requests ahead of it in policy order, then its own
   prompt, at most ``chunk_size`` per step for itself) has run, and, when the batch is
-  full, once enough running requests have finished (their remaining ``max_tokens``,
-  one per step) to free its slot;
+  full, once it has a slot: one evicted for it (priority preemption takes a running
+  request of worse priority, one per step) or one freed by a running request that
+  finishes (after its expected output length, one token per step:
+  ``slo.OutputLengths``, the request's ``max_tokens`` capped by what its class usually
+  produces);
+- later arrivals: those that will rank ahead of the request (a better priority, under
+  an ordering that ranks by it) queue ahead of it until it enters the batch, with the
+  running requests they evict from a full batch; the others take the budget a step
+  leaves, while the batch has slots for them; both at their recent admitted rates;
 - a request submitted while a step is in flight (the simulator's arrivals; the gateway
   submits between steps) first waits for that step to end.
 
-The model is deliberately simple (no KV pressure, outputs assumed to run to
-``max_tokens``, which overestimates waits on early stops); the engine tracks its
-error against the TTFTs that follow (``EngineStats.ttft_prediction_error``).
+The model is deliberately simple (no KV pressure; arrivals at their mean rate, in
+prompts of their mean length); the engine tracks its error against the TTFTs that
+follow (``EngineStats.ttft_prediction_error``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import math
 from collections.abc import Sequence
 
 from orchestrator.core.predictor import StepFeatures, mixed_step
+from orchestrator.core.sched.slo import ArrivalRate
 from orchestrator.core.sched.view import SchedulerView
 
 # A replay longer than this many steps predicts far past any TTFT target anyway.
@@ -68,6 +76,39 @@ class _StepLoad:
         )
 
 
+class _Overtakers:
+    """Later arrivals that rank ahead of the request being forecast (a better priority
+    under an ordering that ranks by it): prompts of ``prompt`` tokens on average at
+    ``tokens_per_s``, each queued just ahead of the request until it enters the batch.
+    When each evicts a running request for its slot (a full batch under priority
+    preemption), the victim, ``victim`` tokens to recompute, queues ahead too: it ranks
+    before a later arrival of its own priority. ``pending``: tokens arrived but not yet
+    a whole mean prompt."""
+
+    __slots__ = ("pending", "prompt", "tokens_per_s", "victim")
+
+    def __init__(self, rate: ArrivalRate, victim: int = 0) -> None:
+        self.tokens_per_s = rate.tokens_per_s
+        self.prompt = rate.tokens_per_s / rate.requests_per_s if rate.requests_per_s else 0.0
+        self.pending = 0.0
+        self.victim = victim
+
+    def arrive(self, seconds: float, waiting: list[int], own_index: int) -> int:
+        """Queue the prompts that arrive over ``seconds`` ahead of ``waiting[own_index]``;
+        returns its index after them."""
+        if self.prompt <= 0:
+            return own_index
+        self.pending += self.tokens_per_s * seconds
+        while self.pending >= self.prompt:
+            waiting.insert(own_index, max(round(self.prompt), 1))
+            own_index += 1
+            if self.victim:
+                waiting.insert(own_index, self.victim)
+                own_index += 1
+            self.pending -= self.prompt
+        return own_index
+
+
 class Forecast:
     """The scheduler's drain rate at ``now`` (s, the engine's clock): ``prefill_per_step``
     prefill tokens per step beside the current decode load, each step timed by the
@@ -95,8 +136,25 @@ class Forecast:
         self._predict = scheduler.predictor.predict
         self._running = running
         self._remaining: list[int] | None = None
+        self._evict = 0  # slots the request being forecast may take by eviction
         self.in_flight_s = max(0.0, scheduler.step_end_time - now)
-        self.arrival_tokens_per_s = scheduler.admitted_tokens_per_s()
+        self.arrival_tokens_per_s = scheduler.admitted_rate().tokens_per_s
+        self._view = scheduler
+        # Priorities of the running requests that priority preemption may still evict
+        # (under the preemption cap), ascending; empty when it is off.
+        self._evictable: list[int] = (
+            sorted(r.priority for r in running if r.num_preemptions < cfg.max_preemptions)
+            if scheduler.preempt_for_priority
+            else []
+        )
+
+    def evictable(self, priority: int | None) -> int:
+        """How many running requests a waiting request of ``priority`` may evict for a
+        slot (a worse priority, under ``max_preemptions``); 0 for ``None`` or with
+        priority preemption off."""
+        if priority is None or not self._evictable:
+            return 0
+        return len(self._evictable) - bisect.bisect_right(self._evictable, priority)
 
     def step_s(self, prefill_tokens: int) -> float:
         """Predicted seconds of a step with the current decodes and ``prefill_tokens``."""
@@ -111,15 +169,21 @@ class Forecast:
         t = full * self.step_s(self.prefill_per_step) if full else 0.0
         return t + (self.step_s(rest) if rest else 0.0)
 
+    def _remaining_outputs(self) -> list[int]:
+        """Output tokens (one per step) each running request is expected to have left
+        (its expected length, ``SloTracker.expected_output_tokens``), ascending."""
+        if self._remaining is None:
+            expected = self._view.slo.expected_output_tokens
+            self._remaining = sorted(
+                max(expected(r) - r.num_output_tokens, 1) for r in self._running
+            )
+        return self._remaining
+
     def _slot_wait_steps(self, needed: int) -> float:
         """Steps until ``needed`` running requests have finished (one token per step each,
-        up to their ``max_tokens``); beyond the running batch, each further batch takes
+        up to their expected output length); beyond the running batch, each further batch takes
         as long as the mean running request."""
-        if self._remaining is None:
-            self._remaining = sorted(
-                max(r.sampling.max_tokens - r.num_output_tokens, 1) for r in self._running
-            )
-        remaining = self._remaining
+        remaining = self._remaining_outputs()
         if not remaining:
             return 0.0
         if needed <= len(remaining):
@@ -138,47 +202,52 @@ class Forecast:
             t = max(t, self._slot_wait_steps(short) * self.step_s(0))
         return t
 
-    def first_token_s(self, ahead: Sequence[int], own_tokens: int) -> float:
+    def first_token_s(
+        self, ahead: Sequence[int], own_tokens: int, priority: int | None = None
+    ) -> float:
         """Seconds from now until the first token of a request with ``own_tokens`` to
-        prefill, queued behind waiting requests with ``ahead`` tokens each (policy order).
+        prefill, queued behind waiting requests with ``ahead`` tokens each (policy order);
+        ``priority`` is the request's, when priority preemption may make room for it.
 
         A step-by-step replay of the continuous strategy: running requests' unfinished
         prompts first, then waiting requests in order, each getting at most
         ``chunk_size`` tokens of the step's prefill budget; a waiting request enters only
-        once the batch has a free slot (running requests finish after their remaining
-        ``max_tokens``); a request whose prompt is done joins the decodes; the budget a
-        step leaves is taken by later arrivals at the recent rate of admitted prompt
-        tokens. Each step is timed by the predictor for the tokens it carries.
-        O(steps x requests per step).
+        once the batch has a free slot: a free one, one evicted for it (with priority
+        preemption on, a running request of worse priority than ``priority``, one per
+        step: the scheduler evicts only for the head of the queue), or one freed by a
+        running request that finishes after its expected remaining output; the waiting
+        requests ahead are taken to rank like the request itself (they are ahead in
+        policy order). A request whose prompt is done joins the decodes. Later arrivals
+        that outrank the request queue just ahead of it until it enters; the others take
+        the budget a step leaves while the batch has slots (``_overtakers``). Each step
+        is timed by the predictor for the tokens it carries. O(steps x requests per
+        step).
         """
         waiting = [*ahead, own_tokens]
         own_index = len(waiting) - 1
         free = self.max_batch_size - self.num_running
+        self._evict = self.evictable(priority)
+        overtakers, later_tokens_per_s = self._overtakers(priority)
         active = [_Prompt(n, n, -1) for n in self._running_prefill_list]
         decodes, context = self.num_running - len(active), self.decode_context
         last_s = self.step_s(0)
-        t = self.in_flight_s
-        step, nxt = 0, 0
+        t, seen = self.in_flight_s, 0.0  # seen: arrivals counted up to then (s)
+        step, nxt, arrived = 0, 0, 0
         for _ in range(_MAX_REPLAY_STEPS):
+            if nxt <= own_index and t > seen:
+                own_index, seen = overtakers.arrive(t - seen, waiting, own_index), t
             load = _StepLoad(self.prefill_per_step)
             self._continue_prompts(load, active)
             nxt = self._enter_waiting(load, active, waiting, nxt, free, step)
-            self._add_later_arrivals(load, last_s)
+            slots = self._slots_left(free, nxt, step) - arrived
+            arrived += self._add_later_arrivals(load, later_tokens_per_s * last_s, slots)
             if load.tokens == 0:
                 # Nothing can run until a slot frees: decode-only steps until then.
                 ready = math.ceil(self._slot_ready(nxt, free)) if nxt < len(waiting) else step + 1
                 t += max(ready - step, 1) * self.step_s(0)
                 step = max(ready, step + 1)
                 continue
-            last_s = self._predict(
-                StepFeatures(
-                    decodes + load.tokens,
-                    decodes + load.chunks,
-                    decodes + load.chunks,
-                    context + load.cached,
-                    context + decodes + load.pairs,
-                )
-            )
+            last_s = self._load_s(load, decodes, context)
             t += last_s
             step += 1
             done = [p for p in active if p.left == 0]
@@ -189,6 +258,19 @@ class Forecast:
                         return t
                     decodes, context = decodes + 1, context + p.length
         return t
+
+    def _load_s(self, load: _StepLoad, decodes: int, context: int) -> float:
+        """Predicted seconds of a replayed step: ``load``'s prefill beside ``decodes``
+        decoding requests with ``context`` cached tokens between them."""
+        return self._predict(
+            StepFeatures(
+                decodes + load.tokens,
+                decodes + load.chunks,
+                decodes + load.chunks,
+                context + load.cached,
+                context + decodes + load.pairs,
+            )
+        )
 
     def _continue_prompts(self, load: _StepLoad, active: list[_Prompt]) -> None:
         """The step's chunks for prompts already being prefilled, in order."""
@@ -220,21 +302,54 @@ class Forecast:
             nxt += 1
         return nxt
 
-    def _add_later_arrivals(self, load: _StepLoad, last_s: float) -> None:
-        """Later arrivals take the budget this step leaves: at the recent rate of admitted
-        prompt tokens, over the previous step's time."""
-        if not (load.left > 0 and load.tokens and self.arrival_tokens_per_s > 0):
-            return
-        extra = min(load.left, int(self.arrival_tokens_per_s * last_s))
-        if extra:
-            k = math.ceil(extra / self.chunk_size)
-            per = extra // k
-            load.tokens, load.chunks = load.tokens + extra, load.chunks + k
-            load.pairs += k * per * per // 2
+    def _overtakers(self, priority: int | None) -> tuple[_Overtakers, float]:
+        """The later arrivals that will rank ahead of a request of ``priority``, and the
+        rate (prompt tokens/s) of the others, which only fill budget left over."""
+        view = self._view
+        if priority is None or not view.ordering.ranks_by_priority:
+            return _Overtakers(ArrivalRate(0.0, 0.0)), self.arrival_tokens_per_s
+        ahead = view.admitted_rate(priority)
+        decodes = self.num_running - len(self._running_prefill_list)
+        full = self.num_running >= self.max_batch_size and decodes > 0
+        victim = self.decode_context // decodes if full and self._evictable else 0
+        rest = max(self.arrival_tokens_per_s - ahead.tokens_per_s, 0.0)
+        return _Overtakers(ahead, victim), rest
+
+    def _add_later_arrivals(self, load: _StepLoad, tokens: float, slots: int) -> int:
+        """Later arrivals take up to ``tokens`` of the budget this step leaves (their
+        recent rate over the previous step's time), but only into the batch's ``slots``
+        left free (a full batch admits no one: the scheduler needs a slot per request).
+        Returns how many arrivals entered (one per ``chunk_size`` of their tokens, a lower
+        bound on their number)."""
+        if not (slots > 0 and load.left > 0 and load.tokens and tokens >= 1):
+            return 0
+        extra = min(load.left, int(tokens), slots * self.chunk_size)
+        k = math.ceil(extra / self.chunk_size)
+        per = extra // k
+        load.tokens, load.chunks = load.tokens + extra, load.chunks + k
+        load.pairs += k * per * per // 2
+        return k
+
+    def _slots_left(self, free: int, entered: int, step: int) -> int:
+        """Batch slots free at ``step`` once ``entered`` waiting requests took theirs: the
+        ``free`` ones, those evicted for them (``self._evict`` at most), and those of
+        running requests finished by then."""
+        evicted = min(self._evict, max(entered - free, 0))
+        return free + evicted + self._finished_by(step) - entered
+
+    def _finished_by(self, step: int) -> int:
+        """How many running requests have finished (their remaining outputs) by ``step``."""
+        return bisect.bisect_right(self._remaining_outputs(), step)
 
     def _slot_ready(self, index: int, free: int) -> float:
-        """The step from which waiting request ``index`` (0-based, in order) has a slot."""
-        return 0.0 if index < free else self._slot_wait_steps(index - free + 1)
+        """The step from which waiting request ``index`` (0-based, in order) has a slot:
+        at once for the ``free`` ones, one step apart for those that evict a running
+        request (``self._evict`` of them), then as running requests finish."""
+        if index < free:
+            return 0.0
+        if index < free + self._evict:
+            return float(index - free)
+        return self._slot_wait_steps(index - free - self._evict + 1)
 
 
 class Bookings:

@@ -23,6 +23,8 @@ class OrderingPolicy(Protocol):
     """How requests compare.
 
     ``admission_key``: waiting requests are admitted smallest key first.
+    ``ranks_by_priority``: whether a better (lower) ``priority`` ranks a later arrival
+    ahead of earlier ones (what the TTFT forecast must expect of later arrivals).
     ``running_key``: running requests are kept sorted by it; the last one is the first
     preemption victim. ``preempt_for_priority``: whether, by default, a waiting request
     that ranks strictly better may evict a running one (the config's
@@ -30,6 +32,7 @@ class OrderingPolicy(Protocol):
     """
 
     preempt_for_priority: bool
+    ranks_by_priority: bool
 
     def admission_key(self, request: Request) -> SortKey: ...
 
@@ -40,6 +43,7 @@ class FcfsOrdering:
     """First come, first served: by arrival time; the latest arrival yields first."""
 
     preempt_for_priority = False
+    ranks_by_priority = False
 
     def admission_key(self, request: Request) -> SortKey:
         return (request.arrival_time, 0.0)
@@ -61,6 +65,7 @@ class PriorityOrdering:
     """
 
     preempt_for_priority = True
+    ranks_by_priority = True
 
     def __init__(self, aging_rate: float) -> None:
         self.aging_rate = aging_rate
@@ -89,6 +94,7 @@ class SloOrdering:
     """
 
     preempt_for_priority = True
+    ranks_by_priority = True
 
     def __init__(self, aging_rate: float) -> None:
         self.aging_rate = aging_rate

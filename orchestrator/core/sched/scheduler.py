@@ -35,7 +35,7 @@ from orchestrator.core.sched.fair import FairShare
 from orchestrator.core.sched.ordering import make_ordering
 from orchestrator.core.sched.preemption import kv_victim, priority_victim
 from orchestrator.core.sched.queue import RequestQueue
-from orchestrator.core.sched.slo import SloTracker, slo_step_budget
+from orchestrator.core.sched.slo import ArrivalRate, SloTracker, slo_step_budget
 from orchestrator.core.sched.step import Outbox, StepState, error_output
 from orchestrator.core.sched.waiting import WaitingQueue
 
@@ -107,8 +107,8 @@ class Scheduler:
         if self.fair is not None:
             self.fair.on_submit(request)
 
-    def admitted_tokens_per_s(self) -> float:  # for the admission view
-        return self.slo.admitted_tokens_per_s()
+    def admitted_rate(self, better_than: int | None = None) -> ArrivalRate:  # for the view
+        return self.slo.admitted_rate(better_than)
 
     def abort(self, request_id: str, now: float) -> Request | None:
         """Remove a waiting or running request and free its blocks at once. Returns it, or
@@ -393,5 +393,6 @@ class Scheduler:
         request.status = status
         request.finish_time = now
         self.kv.free(request)
+        self.slo.on_finished(request)
         del self.requests[request.request_id]
         self._outbox.finished_ids.append(request.request_id)

@@ -14,6 +14,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from orchestrator.core.config import SchedulerConfig, SLOClassConfig
 from orchestrator.core.errors import AdmissionError
@@ -22,6 +23,24 @@ from orchestrator.core.request import Request, RequestStatus
 
 # How many recent submissions the admitted-prompt-token rate is taken over.
 RECENT_ADMITS = 64
+# Output lengths kept per SLO class (finished requests), and how many a class needs
+# before its lengths cap a request's expected output.
+OUTPUT_LENGTH_WINDOW = 256
+MIN_OUTPUT_LENGTHS = 8
+# The share of a class's observed output lengths its cap covers: high, so the forecast
+# errs on the long (safe) side for a class whose lengths vary.
+OUTPUT_LENGTH_QUANTILE = 0.9
+
+
+# Finished statuses whose output length is the request's own (not cut short by us).
+_NATURAL_ENDS = frozenset((RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH))
+
+
+class ArrivalRate(NamedTuple):
+    """A recent rate of queued requests: prompt tokens and requests per second."""
+
+    tokens_per_s: float
+    requests_per_s: float
 
 
 def assign_class(request: Request, name: str | None, classes: Mapping[str, SLOClassConfig]) -> None:
@@ -38,13 +57,73 @@ def assign_class(request: Request, name: str | None, classes: Mapping[str, SLOCl
     request.tpot_target_s = target.tpot_s
 
 
+class OutputLengths:
+    """What each SLO class's requests usually produce: the output lengths of the last
+    ``window`` requests of the class that finished on their own, and from them a
+    request's expected output length.
+
+    A request that stopped (a stop token) shows how long the class's outputs run; one
+    that reached its ``max_tokens`` (or the context) was cut off by its limit and would
+    have run longer, so it counts as longer than any stopped one. ``cap(slo_class)`` is
+    the ``quantile`` of these lengths (tokens) once the class has ``min_count``
+    observations, and no cap while the quantile falls on cut-off requests (a class
+    whose outputs run to their limits: then ``max_tokens`` is the best predictor).
+    ``expected(request)`` is the request's ``max_tokens`` capped by that; before any
+    cap, and for a request that has already produced more than the cap (it is in the
+    tail, where the class's usual lengths say nothing), its ``max_tokens``. Requests
+    without a class form one group of their own (``None``). A cap is re-sorted only
+    when its class has had a new observation since it was last read.
+    """
+
+    def __init__(
+        self,
+        window: int = OUTPUT_LENGTH_WINDOW,
+        min_count: int = MIN_OUTPUT_LENGTHS,
+        quantile: float = OUTPUT_LENGTH_QUANTILE,
+    ) -> None:
+        self._window, self._min_count, self._quantile = window, min_count, quantile
+        self._lengths: dict[str | None, deque[float]] = {}  # inf: cut off at its limit
+        self._caps: dict[str | None, int | None] = {}  # absent: stale
+
+    def observe(self, slo_class: str | None, num_output_tokens: int, stopped: bool) -> None:
+        """A request of ``slo_class`` finished with ``num_output_tokens``: on a stop token
+        (``stopped``), or at its length limit."""
+        lengths = self._lengths.get(slo_class)
+        if lengths is None:
+            lengths = self._lengths[slo_class] = deque(maxlen=self._window)
+        lengths.append(float(num_output_tokens) if stopped else math.inf)
+        self._caps.pop(slo_class, None)
+
+    def cap(self, slo_class: str | None) -> int | None:
+        """The class's ``quantile`` of output lengths (tokens), or ``None`` with fewer
+        than ``min_count`` observations or when that quantile is a cut-off request."""
+        if slo_class in self._caps:
+            return self._caps[slo_class]
+        lengths = self._lengths.get(slo_class, ())
+        cap = None
+        if len(lengths) >= self._min_count:
+            ordered = sorted(lengths)
+            q = ordered[min(len(ordered) - 1, int(self._quantile * len(ordered)))]
+            cap = None if math.isinf(q) else int(q)
+        self._caps[slo_class] = cap
+        return cap
+
+    def expected(self, request: Request) -> int:
+        max_tokens = request.sampling.max_tokens
+        cap = self.cap(request.slo_class)
+        if cap is None or request.num_output_tokens >= cap:
+            return max_tokens
+        return min(max_tokens, cap)
+
+
 class SloTracker:
     """The scheduler's SLO state.
 
     ``ttft_errors`` / ``ttft_errors_by_class``: relative errors of admission's TTFT
     predictions against the first tokens that followed, overall and per class;
     ``rejections``: refusals by ``(slo_class, code)``; ``num_shed``: waiting requests
-    ended past their deadline. Shedding (``admission.shed_after_deadline_s`` set) keeps
+    ended past their deadline; ``output_lengths``: what each class's finished requests
+    produced (``expected_output_tokens`` reads it for the TTFT forecast). Shedding (``admission.shed_after_deadline_s`` set) keeps
     a heap of ``(deadline + slack, seq, request)`` for every queued request with a
     class; entries of requests that ran or left are skipped when they come due.
     """
@@ -55,12 +134,14 @@ class SloTracker:
         self._shed_slack = config.admission.shed_after_deadline_s
         self._deadlines: list[tuple[float, int, Request]] = []
         self._seq = itertools.count()
-        # (arrival s, prompt tokens) of the last queued requests: the admitted-token rate.
-        self._recent: deque[tuple[float, int]] = deque(maxlen=RECENT_ADMITS)
+        # (arrival s, prompt tokens, priority) of the last queued requests: the admitted
+        # rates, overall and of the requests that outrank a priority.
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=RECENT_ADMITS)
         self.ttft_errors = ErrorWindow()
         self.ttft_errors_by_class: dict[str, ErrorWindow] = {}
         self.rejections: dict[tuple[str | None, str], int] = {}
         self.num_shed = 0
+        self.output_lengths = OutputLengths()
 
     def on_submit(self, request: Request) -> None:
         """Give a new request its class: its own, else ``default_slo_class``;
@@ -79,7 +160,7 @@ class SloTracker:
 
     def on_queued(self, request: Request) -> None:
         """A request was accepted into the waiting queue."""
-        self._recent.append((request.arrival_time, request.num_prompt_tokens))
+        self._recent.append((request.arrival_time, request.num_prompt_tokens, request.priority))
         if self._shed_slack is not None and request.slo_class is not None:
             due = request.ttft_deadline + self._shed_slack
             heapq.heappush(self._deadlines, (due, next(self._seq), request))
@@ -94,6 +175,17 @@ class SloTracker:
         if request.slo_class is not None:
             window = self.ttft_errors_by_class.setdefault(request.slo_class, ErrorWindow())
             window.observe(predicted, actual)
+
+    def on_finished(self, request: Request) -> None:
+        """A request left the scheduler (its status says how): one that finished on its
+        own teaches its class's output length; aborted, failed or shed ones do not."""
+        if request.status in _NATURAL_ENDS:
+            stopped = request.status == RequestStatus.FINISHED_STOPPED
+            self.output_lengths.observe(request.slo_class, request.num_output_tokens, stopped)
+
+    def expected_output_tokens(self, request: Request) -> int:
+        """Output tokens ``request`` is expected to produce in all (``OutputLengths``)."""
+        return self.output_lengths.expected(request)
 
     def has_due(self, now: float) -> bool:
         """Whether a deadline (plus slack) passed before ``now``; O(1)."""
@@ -124,14 +216,18 @@ class SloTracker:
             f"class {request.slo_class!r}) passed {late_ms:,.0f} ms ago"
         )
 
-    def admitted_tokens_per_s(self) -> float:
-        """Prompt tokens per second of the last (up to ``RECENT_ADMITS``) queued requests,
-        by arrival time; 0 with fewer than two."""
+    def admitted_rate(self, better_than: int | None = None) -> ArrivalRate:
+        """The rate of the last (up to ``RECENT_ADMITS``) queued requests, by arrival
+        time: all of them, or with ``better_than`` those of a priority below it (better);
+        zero with fewer than two."""
         recent = self._recent
-        if len(recent) < 2:
-            return 0.0
-        span = recent[-1][0] - recent[0][0]
-        return sum(n for _, n in list(recent)[1:]) / span if span > 0 else 0.0
+        span = recent[-1][0] - recent[0][0] if len(recent) >= 2 else 0.0
+        if span <= 0:
+            return ArrivalRate(0.0, 0.0)
+        later = list(recent)[1:]  # the first arrival only opens the span
+        if better_than is not None:
+            later = [r for r in later if r[2] < better_than]
+        return ArrivalRate(sum(r[1] for r in later) / span, len(later) / span)
 
 
 def slo_step_budget(
@@ -141,9 +237,10 @@ def slo_step_budget(
     largest prefill for which the predicted step time stays within ``slo_budget.margin``
     x the tightest TPOT target among ``running`` (at least ``min_prefill_tokens``, at
     most ``max_num_tokens`` in all); ``max_num_tokens`` when no running request has a
-    target. A binary search over the prefill size: about a dozen predictions."""
+    target, or while the predictor is not trusted (a wrong fit must not starve
+    prefill). A binary search over the prefill size: about a dozen predictions."""
     targets = [r.tpot_target_s for r in running if r.tpot_target_s is not None]
-    if not targets:
+    if not targets or not predictor.trusted:
         return config.max_num_tokens
     limit = min(targets) * config.slo_budget.margin
     decodes = len(running)

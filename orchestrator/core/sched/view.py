@@ -11,6 +11,7 @@ from orchestrator.core.config import SchedulerConfig
 from orchestrator.core.predictor import StepTimePredictor
 from orchestrator.core.request import Request
 from orchestrator.core.sched.ordering import OrderingPolicy, SortKey
+from orchestrator.core.sched.slo import ArrivalRate
 
 
 class WaitingView(Protocol):
@@ -40,12 +41,21 @@ class BlockCounts(Protocol):
     def blocks_for(self, num_tokens: int) -> int: ...
 
 
+class OutputLengthView(Protocol):
+    """The SLO bookkeeping's read side for the forecast (``slo.SloTracker``)."""
+
+    def expected_output_tokens(self, request: Request) -> int: ...
+
+
 class SchedulerView(Protocol):
     """The scheduler's state as of a submission (times in seconds on the engine clock).
 
-    ``running``: best first; ``step_end_time``: when the step in flight ends (a
+    ``running``: best first; ``slo.expected_output_tokens(request)``: the output length
+    a request is expected to reach (tokens); ``preempt_for_priority``: whether a waiting request may
+    evict a running one of worse priority; ``step_end_time``: when the step in flight ends (a
     request submitted earlier waits for it); ``step_budget()``: the next step's token
-    budget; ``admitted_tokens_per_s()``: the recent rate of queued prompt tokens.
+    budget; ``admitted_rate(better_than)``: the recent rate of queued requests (all, or
+    those of a better priority than ``better_than``).
     """
 
     @property
@@ -67,8 +77,14 @@ class SchedulerView(Protocol):
     def predictor(self) -> StepTimePredictor: ...
 
     @property
+    def slo(self) -> OutputLengthView: ...
+
+    @property
     def step_end_time(self) -> float: ...
+
+    @property
+    def preempt_for_priority(self) -> bool: ...
 
     def step_budget(self) -> int: ...
 
-    def admitted_tokens_per_s(self) -> float: ...
+    def admitted_rate(self, better_than: int | None = None) -> ArrivalRate: ...
