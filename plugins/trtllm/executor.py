@@ -85,8 +85,16 @@ class EngineBackend:
         self._pad_id = pad_id
 
     def submit(
-        self, tokens: Sequence[int], max_tokens: int, sampling: SamplingParams, seed: int | None
+        self,
+        tokens: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        seed: int | None,
+        priority: int = 0,
     ) -> int:
+        # priority: the C++ executor's queue is left first-come-first-served; its
+        # request priority is not among the listed (name-checked) keywords.
+        del priority
         request = translate.request(
             self._tle, tokens, max_tokens, sampling, seed=seed, pad_id=self._pad_id
         )

@@ -46,10 +46,18 @@ class Backend(Protocol):
     these."""
 
     def submit(
-        self, tokens: Sequence[int], max_tokens: int, sampling: SamplingParams, seed: int | None
+        self,
+        tokens: Sequence[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+        seed: int | None,
+        priority: int = 0,
     ) -> int:
         """Send a streaming request for ``max_tokens`` more tokens after ``tokens``;
-        returns its submission id. Raises when TensorRT-LLM refuses it at once."""
+        returns its submission id. Raises when TensorRT-LLM refuses it at once.
+        ``priority`` is ours (lower first); a mode or release that cannot pass it on
+        leaves TensorRT-LLM's own queue first-come-first-served. (Plans carry no
+        priority yet, so the runner passes the default.)"""
         ...
 
     def cancel(self, submission: int) -> None:

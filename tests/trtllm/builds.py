@@ -51,6 +51,7 @@ class FakeBuild:
     fail_token_id: int | None = None
     eos_token_id: int = 2
     gpus: int = 8
+    stats_delay_ms: float = 20.0  # the fake LLM's statistics delivery delay (real: 200-400)
 
     def spec(self, root: Path) -> BuildSpec:
         return BuildSpec.model_validate(
@@ -92,6 +93,7 @@ def write_build(root: Path, build: FakeBuild | None = None, *, verified: bool = 
             "eos_token_id": build.eos_token_id,
             "max_position_embeddings": build.max_seq_len,
             "gpus": build.gpus,
+            "stats_delay_ms": build.stats_delay_ms,
         }
         _write_checkpoint(spec, layout, knobs)
     verification = verify_artifact(spec, layout)

@@ -3,6 +3,7 @@ and spy copies of the fakes that record what the adapters send."""
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class LlmCalls:
 
     options: list[dict[str, Any]] = field(default_factory=list)
     submitted: list[tuple[list[int], Any, Any]] = field(default_factory=list)
+    generate_options: list[dict[str, Any]] = field(default_factory=list)
 
     def inputs(self) -> list[list[int]]:
         """Input tokens of each submitted request, the warm-up request left out."""
@@ -122,12 +124,14 @@ def spy_llmapi(calls: LlmCalls, llm_base: type | None = None) -> types.SimpleNam
             calls.options.append({"model": model, **kwargs})
             super().__init__(model, **kwargs)
 
-        def generate_async(
-            self, inputs: Any, sampling_params: Any = None, *, streaming: bool = False
-        ) -> Any:
-            output = super().generate_async(inputs, sampling_params, streaming=streaming)
+        def generate_async(self, inputs: Any, sampling_params: Any = None, **options: Any) -> Any:
+            output = super().generate_async(inputs, sampling_params, **options)
             calls.submitted.append((list(inputs), sampling_params, output))
+            calls.generate_options.append(options)
             return output
+
+        # The adapter probes generate_async's parameters: show the base's.
+        generate_async.__signature__ = inspect.signature(base.generate_async)  # type: ignore[attr-defined]
 
     names = {n: getattr(fake_llmapi, n) for n in fake_llmapi.__all__}
     names["LLM"] = SpyLLM

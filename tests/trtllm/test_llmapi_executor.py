@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -282,22 +283,39 @@ def test_the_kv_picture_is_refreshed_from_the_llms_statistics(
     assert result.kv_free_blocks == later.free_blocks
 
 
-class _JsonStats(fake_llmapi.LLM):
-    def get_stats(self, timeout: float | None = 2) -> list[Any]:
-        return [json.dumps(entry) for entry in super().get_stats(timeout)]
+class _EditedStats(fake_llmapi.LLM):
+    """Statistics entries changed (or dropped, for ``None``) by ``edit`` on their way out
+    of ``get_stats_async``."""
+
+    def edit(self, entry: dict[str, Any]) -> Any:
+        return entry
+
+    def get_stats_async(self, timeout: float | None = 2) -> AsyncIterator[Any]:
+        entries = super().get_stats_async(timeout)
+
+        async def edited() -> AsyncIterator[Any]:
+            async for entry in entries:
+                changed = self.edit(entry)
+                if changed is not None:
+                    yield changed
+
+        return edited()
 
 
-class _NoStats(fake_llmapi.LLM):
-    def get_stats(self, timeout: float | None = 2) -> list[Any]:
-        return []
+class _JsonStats(_EditedStats):
+    def edit(self, entry: dict[str, Any]) -> Any:
+        return json.dumps(entry)
 
 
-class _OtherBlockSize(fake_llmapi.LLM):
-    def get_stats(self, timeout: float | None = 2) -> list[Any]:
-        entries = super().get_stats(timeout)
-        for entry in entries:
-            entry["kvCacheStats"]["tokensPerBlock"] = 64
-        return entries
+class _NoStats(_EditedStats):
+    def edit(self, entry: dict[str, Any]) -> Any:
+        return None
+
+
+class _OtherBlockSize(_EditedStats):
+    def edit(self, entry: dict[str, Any]) -> Any:
+        entry["kvCacheStats"]["tokensPerBlock"] = 64
+        return entry
 
 
 def test_statistics_given_as_json_text_are_read(

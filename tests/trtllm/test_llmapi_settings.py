@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core.config import ConfigError
+from orchestrator.core.config import ConfigError, ModelConfig
 from plugins.trtllm import TrtllmLlmApiConfig
 from plugins.trtllm.llm_api.settings import (
     CudaGraphs,
     LlmApiSettings,
     check_engine_config,
     load_settings,
+    with_model_len,
 )
 from tests.trtllm.builds import FakeBuild, engine_config, write_build
 
@@ -96,6 +97,27 @@ def test_a_model_given_directly_takes_the_defaults() -> None:
     assert settings.cuda_graphs == CudaGraphs(None, 256, True)
     assert settings.capacity_scheduler_policy == "GUARANTEED_NO_EVICT"
     assert load_settings(TrtllmLlmApiConfig(model="m")).max_seq_len is None
+
+
+def test_cuda_graphs_are_captured_up_to_the_batch_size_and_no_further() -> None:
+    small = load_settings(TrtllmLlmApiConfig(model="m", max_seq_len=64, max_batch_size=16))
+    assert small.cuda_graphs == CudaGraphs(None, 16, True)
+    listed = TrtllmLlmApiConfig(model="m", max_batch_size=16, cuda_graph_batch_sizes=[8, 1, 4])
+    assert load_settings(listed).cuda_graphs == CudaGraphs((1, 4, 8), None, True)
+
+
+def test_the_input_limit_is_never_left_to_tensorrt_llms_default() -> None:
+    # TensorRT-LLM defaults max_input_len to 1024 when neither limit is set.
+    options = TrtllmLlmApiConfig(model="m")
+    engine = engine_config(options)
+    with_len = engine.model_copy(
+        update={"model": ModelConfig(name="fake", source="unused", max_model_len=8192)}
+    )
+    assert with_model_len(load_settings(options), with_len).max_input_len == 8192
+    with pytest.raises(ConfigError, match=r"set model.max_model_len .* 1024 tokens"):
+        with_model_len(load_settings(options), engine)
+    given = TrtllmLlmApiConfig(model="m", max_input_len=100)
+    assert with_model_len(load_settings(given), engine).max_input_len == 100
 
 
 def test_exactly_one_source_is_required() -> None:

@@ -26,15 +26,23 @@ from plugins.trtllm.errors import TrtllmError, TrtllmStalledError
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.backend import EventLoopThread, LlmApiBackend
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
-from plugins.trtllm.llm_api.settings import LlmApiSettings, check_engine_config, load_settings
-from plugins.trtllm.llm_api.translate import KvSnapshot
-from plugins.trtllm.names import LLM_API_MODULE
+from plugins.trtllm.llm_api.settings import (
+    LlmApiSettings,
+    check_engine_config,
+    load_settings,
+    with_model_len,
+)
+from plugins.trtllm.llm_api.stats import KvStatsReader
+from plugins.trtllm.llm_api.translate import KvSnapshot, ReleaseOptions
+from plugins.trtllm.names import KV_CACHE_STATS_KEY, LLM_API_MODULE
 from plugins.trtllm.runner import PlanRunner
 
 logger = logging.getLogger(__name__)
 
 _WARMUP = SamplingParams(max_tokens=1, temperature=0)
-_STATS_POLL_S = 0.05  # statistics of an iteration land just after its outputs
+# The longest wait for the warm-up's statistics after its last token: they arrive about
+# 0.2-0.4 s after the iteration (llm_api/stats.py), so this is a generous bound.
+_STATS_ARRIVAL_S = 30.0
 
 
 def import_llmapi() -> Any:
@@ -64,8 +72,9 @@ class TrtllmLlmApiExecutor:
     as its iteration statistics give it (``kvCacheStats.maxNumBlocks``) after a
     one-token warm-up request at start, and ``max_seq_len`` (tokens; ``None`` when left
     to the model) as the context limit. During serving the statistics are read again at
-    most every ``stats_interval_s`` seconds, at a step; ``kv_cache_stats()`` is the
-    latest picture. Not thread-safe: one thread calls ``execute``.
+    most every ``stats_interval_s`` seconds, at a step, from what the loop-side reader
+    (``llm_api.stats``) last received; ``kv_cache_stats()`` is the latest picture. Not
+    thread-safe: one thread calls ``execute``.
     """
 
     Config: ClassVar[type[TrtllmLlmApiConfig]] = TrtllmLlmApiConfig
@@ -83,6 +92,7 @@ class TrtllmLlmApiExecutor:
         self.settings = settings
         self._stats_interval_s = stats_interval_s
         self._next_stats_s = 0.0
+        self._stats_version = 0
         self._closed = False
         self._loop = EventLoopThread()
         owned: list[Any] = []
@@ -90,17 +100,20 @@ class TrtllmLlmApiExecutor:
         # LLM's workers would otherwise outlive it.
         self._release = weakref.finalize(self, _release, self._loop, owned)
         try:
-            self._llm = translate.start_llm(llmapi, settings)
+            release = translate.release_options(llmapi)
+            self._llm = translate.start_llm(llmapi, settings, release)
             owned.append(self._llm)
-            self._backend = LlmApiBackend(llmapi, self._llm, self._loop)
+            self._stats = KvStatsReader(self._llm)
+            self._backend = LlmApiBackend(llmapi, self._llm, self._loop, self._stats, release)
             self._kv = self._measure_kv(startup_timeout_s)
         except BaseException:
             self.shutdown()
             raise
         logger.info(
-            "TensorRT-LLM KV cache: %d blocks of %d tokens",
+            "TensorRT-LLM KV cache: %d blocks of %d tokens; %s",
             self._kv.max_blocks,
             self._kv.tokens_per_block,
+            policy_summary(settings, release),
         )
         self._runner = PlanRunner(
             self._backend,
@@ -123,7 +136,7 @@ class TrtllmLlmApiExecutor:
             if isinstance(config, TrtllmLlmApiConfig)
             else TrtllmLlmApiConfig.model_validate(config or {})
         )
-        settings = load_settings(options)
+        settings = with_model_len(load_settings(options), engine)
         check_engine_config(settings, engine)
         return cls.open(options, settings, llmapi=llmapi)
 
@@ -178,8 +191,9 @@ class TrtllmLlmApiExecutor:
     # ------------------------------------------------------------------ KV statistics
 
     def _measure_kv(self, timeout_s: float) -> KvSnapshot:
-        """Run a one-token request, then read the KV cache from the iteration statistics
-        (TensorRT-LLM reports none before a request has run)."""
+        """Run a one-token request, then wait (bounded) for the KV cache in the iteration
+        statistics the loop-side reader receives (TensorRT-LLM reports none before a
+        request has run, and queues them a few tenths of a second after it)."""
         deadline = time.monotonic() + timeout_s
         submission = self._backend.submit([0], 1, _WARMUP, None)
         finished = False
@@ -193,17 +207,17 @@ class TrtllmLlmApiExecutor:
                 if update.error is not None:
                     raise TrtllmError(f"the warm-up request failed: {update.error}")
                 finished = update.final
-        while True:
-            snapshot = translate.kv_snapshot(
-                self._llm.get_stats(timeout=_STATS_POLL_S), time.monotonic()
+        wait_s = max(0.0, min(_STATS_ARRIVAL_S, deadline - time.monotonic()))
+        snapshot = self._stats.latest.wait_first(wait_s)
+        if snapshot is None:
+            why = self._stats.latest.error or f"none arrived within {wait_s:.1f} s"
+            raise TrtllmError(
+                "TensorRT-LLM reported no KV cache statistics after the warm-up request: "
+                f"LLM.get_stats_async gave no entry with {KV_CACHE_STATS_KEY} ({why}; the "
+                "LLM runs with enable_iter_perf_stats=True)"
             )
-            if snapshot is not None:
-                return self._checked(snapshot)
-            if time.monotonic() >= deadline:
-                raise TrtllmError(
-                    "TensorRT-LLM reported no KV cache statistics after the warm-up request "
-                    "(LLM.get_stats() returned no kvCacheStats)"
-                )
+        self._stats_version = 1
+        return self._checked(snapshot)
 
     def _checked(self, snapshot: KvSnapshot) -> KvSnapshot:
         expected = self.settings.tokens_per_block
@@ -218,16 +232,16 @@ class TrtllmLlmApiExecutor:
         return snapshot
 
     def _refresh_kv(self) -> KvSnapshot | None:
-        """Read the statistics again if ``stats_interval_s`` has passed; the new picture,
-        or ``None`` when nothing new was read."""
+        """If ``stats_interval_s`` has passed, the picture the reader received since the
+        last one taken, or ``None`` when there is none newer; never waits."""
         now = time.monotonic()
         if now < self._next_stats_s:
             return None
         self._next_stats_s = now + self._stats_interval_s
-        # timeout 0: take what has been reported, never wait inside a step.
-        snapshot = translate.kv_snapshot(self._llm.get_stats(timeout=0), now)
-        if snapshot is None:
+        newer = self._stats.latest.newer_than(self._stats_version)
+        if newer is None:
             return None
+        snapshot, self._stats_version = newer
         if snapshot.max_blocks != self._kv.max_blocks:
             logger.warning(
                 "TensorRT-LLM now reports %d KV blocks (%d at start); the scheduler keeps %d",
@@ -240,7 +254,19 @@ class TrtllmLlmApiExecutor:
                 snapshot.free_blocks,
                 snapshot.used_blocks,
                 snapshot.tokens_per_block,
-                now,
+                snapshot.at_s,
             )
         self._kv = snapshot
         return snapshot
+
+
+def policy_summary(settings: LlmApiSettings, release: ReleaseOptions) -> str:
+    """The start-up log's account of the scheduling TensorRT-LLM runs under."""
+    policy = f"capacity policy {settings.capacity_scheduler_policy}"
+    if release.pins_kv_manager_v1:
+        policy += " (KV cache manager V1 pinned: use_kv_cache_manager_v2=False)"
+    else:
+        policy += " (this release has no use_kv_cache_manager_v2 option)"
+    if release.passes_priority:
+        return policy + "; waiting queue by request priority"
+    return policy + "; waiting queue first-come-first-served (no per-request priority here)"
