@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import logging
 import time
-from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,7 +27,7 @@ from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.errors import TrtllmError, TrtllmStalledError
 from plugins.trtllm.names import MODULE
-from plugins.trtllm.runner import PlanRunner
+from plugins.trtllm.runner import Ask, PlanRunner
 from plugins.trtllm.settings import EngineSettings, check_engine_config, load_settings
 from plugins.trtllm.streams import Update
 
@@ -84,19 +83,11 @@ class EngineBackend:
         self._executor = executor
         self._pad_id = pad_id
 
-    def submit(
-        self,
-        tokens: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingParams,
-        seed: int | None,
-        priority: int = 0,
-    ) -> int:
-        # priority: the C++ executor's queue is left first-come-first-served; its
+    def submit(self, ask: Ask) -> int:
+        # ask.priority: the C++ executor's queue is left first-come-first-served; its
         # request priority is not among the listed (name-checked) keywords.
-        del priority
         request = translate.request(
-            self._tle, tokens, max_tokens, sampling, seed=seed, pad_id=self._pad_id
+            self._tle, ask.tokens, ask.max_tokens, ask.sampling, seed=ask.seed, pad_id=self._pad_id
         )
         return int(self._executor.enqueue_request(request))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from orchestrator.core import (
     SamplingParams,
@@ -41,23 +41,27 @@ from plugins.trtllm.streams import Streams, Update
 _UINT64 = (1 << 64) - 1
 
 
+class Ask(NamedTuple):
+    """One streaming request for TensorRT-LLM: ``max_tokens`` more tokens after
+    ``tokens``, sampled as ``sampling`` says with ``seed``. ``priority`` is ours (lower
+    first); a mode or release that cannot pass it on leaves TensorRT-LLM's own queue
+    first-come-first-served. (Plans carry no priority yet, so the runner asks with the
+    default.)"""
+
+    tokens: Sequence[int]
+    max_tokens: int
+    sampling: SamplingParams
+    seed: int | None
+    priority: int = 0
+
+
 class Backend(Protocol):
     """What a mode provides to run plans. Only the thread that calls ``execute`` calls
     these."""
 
-    def submit(
-        self,
-        tokens: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingParams,
-        seed: int | None,
-        priority: int = 0,
-    ) -> int:
-        """Send a streaming request for ``max_tokens`` more tokens after ``tokens``;
-        returns its submission id. Raises when TensorRT-LLM refuses it at once.
-        ``priority`` is ours (lower first); a mode or release that cannot pass it on
-        leaves TensorRT-LLM's own queue first-come-first-served. (Plans carry no
-        priority yet, so the runner passes the default.)"""
+    def submit(self, ask: Ask) -> int:
+        """Send ``ask``; returns its submission id. Raises when TensorRT-LLM refuses it
+        at once."""
         ...
 
     def cancel(self, submission: int) -> None:
@@ -172,9 +176,8 @@ class PlanRunner:
                 f"(max_tokens={sampling.max_tokens}, max_seq_len={self._max_seq_len})"
             )
         try:
-            submission = self._backend.submit(
-                tokens, max_tokens, sampling, self._seed(sampling, generated)
-            )
+            ask = Ask(tokens, max_tokens, sampling, self._seed(sampling, generated))
+            submission = self._backend.submit(ask)
         except Exception as err:  # TensorRT-LLM's refusal of this one request
             return f"TensorRT-LLM refused the request: {type(err).__name__}: {err}"
         self._streams.add(request_id, submission, sampling.logprobs is not None)

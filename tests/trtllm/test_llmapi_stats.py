@@ -19,6 +19,7 @@ import pytest
 
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.backend import EventLoopThread
+from plugins.trtllm.runner import Ask
 from tests.trtllm import fake_llmapi
 from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.conftest import LlmCalls, StartLlmExecutor, spy_llmapi
@@ -189,7 +190,7 @@ def test_priorities_reach_a_release_that_takes_them(
     )
     backend = executor._backend
     for priority in (3, -2):
-        backend.submit([1, 2, 3], 1, GREEDY, None, priority=priority)
+        backend.submit(Ask([1, 2, 3], 1, GREEDY, None, priority))
     sent = [options["priority"] for options in llm_calls.generate_options[1:]]
     assert sent == [translate.llm_priority(3), translate.llm_priority(-2)]
     assert llm_calls.generate_options[0]["priority"] == 0.5  # the warm-up: the default

@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from orchestrator.core import SamplingParams
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.stats import KvStatsReader
 from plugins.trtllm.llm_api.translate import ReleaseOptions
+from plugins.trtllm.runner import Ask
 from plugins.trtllm.streams import Update
 
 T = TypeVar("T")
@@ -101,20 +101,13 @@ class LlmApiBackend:
         self._tasks: set[asyncio.Task[None]] = set()
         self._next = 1
 
-    def submit(
-        self,
-        tokens: Sequence[int],
-        max_tokens: int,
-        sampling: SamplingParams,
-        seed: int | None,
-        priority: int = 0,
-    ) -> int:
-        params = translate.sampling_params(self._llmapi, sampling, max_tokens, seed)
+    def submit(self, ask: Ask) -> int:
+        params = translate.sampling_params(self._llmapi, ask.sampling, ask.max_tokens, ask.seed)
         options: dict[str, Any] = {}
         if self._release.passes_priority:
-            options["priority"] = translate.llm_priority(priority)
+            options["priority"] = translate.llm_priority(ask.priority)
         submission, self._next = self._next, self._next + 1
-        self._loop.call(self._start, submission, list(tokens), params, options)
+        self._loop.call(self._start, submission, list(ask.tokens), params, options)
         return submission
 
     def cancel(self, submission: int) -> None:

@@ -35,7 +35,7 @@ from plugins.trtllm.llm_api.settings import (
 from plugins.trtllm.llm_api.stats import KvStatsReader
 from plugins.trtllm.llm_api.translate import KvSnapshot, ReleaseOptions
 from plugins.trtllm.names import KV_CACHE_STATS_KEY, LLM_API_MODULE
-from plugins.trtllm.runner import PlanRunner
+from plugins.trtllm.runner import Ask, PlanRunner
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class TrtllmLlmApiExecutor:
         statistics the loop-side reader receives (TensorRT-LLM reports none before a
         request has run, and queues them a few tenths of a second after it)."""
         deadline = time.monotonic() + timeout_s
-        submission = self._backend.submit([0], 1, _WARMUP, None)
+        submission = self._backend.submit(Ask([0], 1, _WARMUP, None))
         finished = False
         while not finished:
             remaining = deadline - time.monotonic()
