@@ -43,7 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from build_engines.check_trtllm_names import NameCheck, run_checks
+from orchestrator.common.name_checks import NameCheck, run_checks
 from orchestrator.core import SamplingParams, ScheduledRequest, SchedulerOutput
 from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig

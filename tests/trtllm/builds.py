@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from build_engines.commands import Layout, llm_api_options
-from build_engines.manifest import Manifest, write_manifest
 from build_engines.pipeline import serving_settings
 from build_engines.spec import BuildSpec
 from build_engines.verify import (
@@ -19,6 +18,7 @@ from build_engines.verify import (
     expected_engine_config,
     verify_artifact,
 )
+from orchestrator.common.build_manifest import Manifest, write_manifest
 from orchestrator.core.config import (
     CacheConfig,
     EngineConfig,
