@@ -475,7 +475,7 @@ def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
 
         config = TrtllmExecutorConfig(engine_dir=build_dir)
         try:
-            executor = TrtllmExecutor.open(config, load_settings(config), bindings=tle)
+            executor = TrtllmExecutor.open(config, load_settings(config), module=tle)
         except Exception as err:
             return f"could not start: {type(err).__name__}: {err}"
         try:
@@ -505,7 +505,7 @@ def llm_live_check(llmapi: Any, model: str, out: TextIO) -> NameCheck:
             build_dir=path if is_build else None, model=None if is_build else model
         )
         try:
-            executor = TrtllmLlmApiExecutor.open(config, load_llm_settings(config), llmapi=llmapi)
+            executor = TrtllmLlmApiExecutor.open(config, load_llm_settings(config), module=llmapi)
         except Exception as err:
             return f"could not start: {type(err).__name__}: {err}"
         try:

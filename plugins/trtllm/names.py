@@ -175,7 +175,11 @@ BINDINGS: tuple[Binding, ...] = (
     Binding("Response", attributes=("request_id", "has_error", "error_msg", "result")),
     Binding("Result", attributes=("is_final", "output_token_ids", "log_probs", "finish_reasons")),
     Binding("IterationStats", attributes=("kv_cache_stats",)),
-    Binding("KvCacheStats", attributes=("max_num_blocks", "tokens_per_block")),
+    # The executor bindings (nanobind and pybind11) expose these as read-write fields.
+    Binding(
+        "KvCacheStats",
+        attributes=("max_num_blocks", "free_num_blocks", "used_num_blocks", "tokens_per_block"),
+    ),
 )
 
 BY_NAME: dict[str, Binding] = {b.name: b for b in BINDINGS}

@@ -87,8 +87,8 @@ def resume_seed(seed: int, generated: int) -> int:
 
 
 class PlanRunner:
-    """Runs plans over a ``Backend``. ``num_blocks`` blocks of ``block_size`` tokens is
-    the KV pool the plans' block tables index; ``max_seq_len`` (tokens) caps what a
+    """Runs plans over a ``Backend``. ``blocks`` records tokens by the KV block that holds
+    them, over the pool the plans' block tables index; ``max_seq_len`` (tokens) caps what a
     request may ask for (``None``: no cap of TensorRT-LLM's own). ``seed`` seeds the
     seeds drawn for sampled requests that carry none (TensorRT-LLM's default seed is the
     same for every request, so identical prompts would sample identical text).
@@ -97,9 +97,8 @@ class PlanRunner:
     def __init__(
         self,
         backend: Backend,
+        blocks: BlockTokens,
         *,
-        num_blocks: int,
-        block_size: int,
         max_seq_len: int | None,
         seed: int | None,
         step_timeout_s: float,
@@ -108,7 +107,7 @@ class PlanRunner:
         self._max_seq_len = max_seq_len
         self._step_timeout_s = step_timeout_s
         self._rng = random.Random(seed)
-        self._blocks = BlockTokens(num_blocks, block_size)
+        self._blocks = blocks
         self._streams = Streams()
         self._prompt_lens: dict[str, int] = {}  # kept across preemptions, dropped at finish
 

@@ -4,8 +4,6 @@ options over them; bad folders and mismatched engine configs are named."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ from plugins.trtllm import TrtllmLlmApiConfig
 from plugins.trtllm.llm_api.settings import (
     CudaGraphs,
     LlmApiSettings,
-    check_engine_config,
     load_settings,
     with_model_len,
 )
@@ -142,29 +139,3 @@ def test_folders_without_a_verified_manifest_or_checkpoint_are_named(tmp_path: P
     unverified = write_build(tmp_path / "u", FakeBuild(backend="pytorch"), verified=False)
     with pytest.raises(ConfigError, match="failed verification"):
         settings_for(unverified)
-
-
-def test_the_engine_config_must_match_the_llm(tmp_path: Path) -> None:
-    options = TrtllmLlmApiConfig(build_dir=write_build(tmp_path, FakeBuild(backend="pytorch")))
-    settings = load_settings(options)
-    check_engine_config(settings, engine_config(options, block_size=16, max_batch_size=8))
-    with pytest.raises(ConfigError, match=r"set cache.block_size: 16"):
-        check_engine_config(settings, engine_config(options, block_size=32))
-    with pytest.raises(ConfigError, match=r"at most 8 sequences"):
-        check_engine_config(settings, engine_config(options, max_batch_size=9))
-
-
-def test_the_config_validates_without_tensorrt_llm() -> None:
-    code = (
-        "import sys\n"
-        "from plugins.trtllm import TrtllmLlmApiExecutor\n"
-        "c = TrtllmLlmApiExecutor.Config.model_validate({'model': 'm', 'cuda_graphs': False})\n"
-        "print(c.cuda_graphs, 'tensorrt_llm' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
-
-
-def test_unknown_options_are_refused() -> None:
-    with pytest.raises(ValueError, match="kv_cache_fraction"):
-        TrtllmLlmApiConfig.model_validate({"model": "m", "kv_cache_fraction": 0.5})

@@ -144,7 +144,7 @@ def test_the_executor_starts_when_statistics_come_late(
 def test_the_v1_kv_manager_is_pinned_and_the_policy_logged(
     start_llm_executor: StartLlmExecutor, llm_calls: LlmCalls, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="plugins.trtllm.llm_api.executor"):
+    with caplog.at_level(logging.INFO, logger="plugins.trtllm.base"):
         start_llm_executor()
     assert llm_calls.options[0]["kv_cache_config"].use_kv_cache_manager_v2 is False
     assert "capacity policy GUARANTEED_NO_EVICT (KV cache manager V1 pinned" in caplog.text
@@ -154,7 +154,7 @@ def test_a_release_without_the_option_is_started_without_it(
     start_llm_executor: StartLlmExecutor, llm_calls: LlmCalls, caplog: pytest.LogCaptureFixture
 ) -> None:
     older = release_1_2(spy_llmapi(llm_calls, release_1_2(fake_llmapi).LLM))
-    with caplog.at_level(logging.INFO, logger="plugins.trtllm.llm_api.executor"):
+    with caplog.at_level(logging.INFO, logger="plugins.trtllm.base"):
         start_llm_executor(llmapi=older)
     assert (
         "use_kv_cache_manager_v2" not in type(llm_calls.options[0]["kv_cache_config"]).model_fields

@@ -31,7 +31,8 @@ import threading
 import time
 from typing import Any
 
-from plugins.trtllm.llm_api.translate import KvSnapshot, kv_snapshot
+from plugins.trtllm.kv import KvSnapshot
+from plugins.trtllm.llm_api.translate import kv_snapshot
 
 # get_stats_async's wait for the next entry (TensorRT-LLM's own default is 2 s): longer
 # than the delivery delay, so only an idle LLM latches the reader.

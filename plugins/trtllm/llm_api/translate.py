@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core import SamplingParams
+from plugins.trtllm.kv import KvSnapshot
 from plugins.trtllm.llm_api.settings import CudaGraphs, LlmApiSettings
 from plugins.trtllm.names import (
     KV_CACHE_STATS_FIELDS,
@@ -194,18 +195,6 @@ def _chosen_logprob(entry: Any, token: int) -> float | None:
     if isinstance(entry, int | float):
         return float(entry)
     return None
-
-
-@dataclass(frozen=True)
-class KvSnapshot:
-    """TensorRT-LLM's KV cache as its iteration statistics last reported it: blocks of
-    ``tokens_per_block`` tokens; ``at_s`` is when it was read (``time.monotonic``)."""
-
-    max_blocks: int
-    free_blocks: int
-    used_blocks: int
-    tokens_per_block: int
-    at_s: float
 
 
 def kv_snapshot(entries: Sequence[Any], at_s: float) -> KvSnapshot | None:
