@@ -27,6 +27,8 @@ from plugins.trtllm.streams import Update
 T = TypeVar("T")
 
 _SUBMIT_TIMEOUT_S = 60.0  # generate_async only queues the request; it returns at once
+_STOP_GRACE_S = 5.0  # longest wait for the loop's cancelled tasks at stop
+_CANCEL_RETRY_S = 0.1  # how often a task that survived its cancellation is cancelled again
 
 
 class EventLoopThread:
@@ -65,11 +67,16 @@ class EventLoopThread:
             return
 
         async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks(self.loop) if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            # Let the cancelled tasks finish before the loop stops and closes.
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # Let the cancelled tasks finish before the loop stops and closes, cancelling
+            # again those still pending: before Python 3.12, asyncio.wait_for (which
+            # TensorRT-LLM's AsyncQueue.get awaits) can swallow a cancellation that races
+            # with its inner wait. After _STOP_GRACE_S the loop stops regardless.
+            pending = {t for t in asyncio.all_tasks(self.loop) if t is not asyncio.current_task()}
+            deadline = self.loop.time() + _STOP_GRACE_S
+            while pending and self.loop.time() < deadline:
+                for task in pending:
+                    task.cancel()
+                _, pending = await asyncio.wait(pending, timeout=_CANCEL_RETRY_S)
             self.loop.stop()
 
         self.loop.call_soon_threadsafe(lambda: self.loop.create_task(cancel_all()))
