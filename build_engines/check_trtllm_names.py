@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, get_args
 
@@ -31,6 +30,7 @@ from build_engines.commands import (
 )
 from build_engines.spec import BuildSpec, CapacitySchedulerPolicy
 from build_engines.verify import expected_engine_config
+from orchestrator.common.name_checks import NameCheck, run_checks
 
 ImportModule = Callable[[str], Any]
 RunHelp = Callable[[list[str]], str]
@@ -63,14 +63,6 @@ EXECUTOR_BINDINGS = {
     ),
     "CapacitySchedulerPolicy": get_args(CapacitySchedulerPolicy),
 }
-
-
-@dataclass(frozen=True)
-class NameCheck:
-    """``run`` returns ``None`` when the name exists, else why it does not."""
-
-    label: str
-    run: Callable[[], str | None]
 
 
 def representative_specs() -> list[BuildSpec]:
@@ -205,20 +197,6 @@ def build_checks(
         for kind in ("PAGED", "CONTINUOUS")
     ]
     return list({check.label: check for check in checks}.values())  # each name once
-
-
-def run_checks(checks: Sequence[NameCheck], out: TextIO) -> int:
-    """Print each check; return how many failed."""
-    missing = 0
-    for check in checks:
-        reason = check.run()
-        if reason is None:
-            print(f"OK       {check.label}", file=out)
-        else:
-            missing += 1
-            print(f"MISSING  {check.label}: {reason}", file=out)
-    print(f"{len(checks)} checks, {missing} missing", file=out)
-    return missing
 
 
 def _run_help(command: list[str]) -> str:

@@ -11,7 +11,8 @@ import subprocess
 from dataclasses import dataclass, field
 
 from build_engines.commands import Toolchain
-from build_engines.spec import Backend, BuildSpec
+from build_engines.spec import BuildSpec
+from orchestrator.common.build_manifest import Backend
 from orchestrator.common.specs import GPUSpec
 
 # TensorRT-LLM 1.3.0rc20 is the last release with the TensorRT engine backend; later ones

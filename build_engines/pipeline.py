@@ -25,10 +25,15 @@ import yaml
 from build_engines.commands import Layout, artifact_dir, llm_api_options, source_dir
 from build_engines.environment import Environment
 from build_engines.errors import BuildError, VerificationError
-from build_engines.manifest import Manifest, ServingSettings, StepRecord, write_manifest
 from build_engines.plan import BuildPlan
 from build_engines.runners import Runners
 from build_engines.spec import BuildSpec, content_hash
+from orchestrator.common.build_manifest import (
+    Manifest,
+    ServingSettings,
+    StepRecord,
+    write_manifest,
+)
 
 VERIFY_STEP = "verify"
 

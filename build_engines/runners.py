@@ -14,7 +14,8 @@ from typing import Any
 from build_engines.commands import ALLOW_PATTERNS, Layout
 from build_engines.errors import BuildError
 from build_engines.spec import BuildSpec, ModelSection
-from build_engines.verify import Verification, verify_artifact
+from build_engines.verify import verify_artifact
+from orchestrator.common.build_manifest import Verification
 
 _LOG_TAIL_LINES = 25
 

@@ -18,12 +18,11 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
+from orchestrator.common.build_manifest import Backend, KVCacheDType
 from orchestrator.common.specs import GPUSpec, ModelSpec, load_gpu_spec, load_model_spec
 from orchestrator.core import ConfigError, StrictModel, load_yaml
 
-Backend = Literal["engine", "pytorch"]
 WeightDType = Literal["fp8", "bf16", "fp16"]
-KVCacheDType = Literal["fp8", "int8", "bf16", "fp16"]
 ActivationDType = Literal["bfloat16", "float16"]
 CapacitySchedulerPolicy = Literal["MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH"]
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from build_engines.memory import BuildCapacity
-from build_engines.spec import Backend, BuildSpec, PluginSection
+from build_engines.spec import BuildSpec, PluginSection
+from orchestrator.common.build_manifest import Backend
 from orchestrator.common.specs import GPUSpec, ModelSpec
 
 

@@ -14,18 +14,9 @@ from typing import Any
 
 from build_engines.commands import Layout, artifact_dir
 from build_engines.spec import BuildSpec
-from orchestrator.core import StrictModel
+from orchestrator.common.build_manifest import Verification
 
 _QUANT_ALGO = {"fp8": "FP8", "int8": "INT8", "bf16": None, "fp16": None}
-
-
-class Verification(StrictModel):
-    """The outcome of comparing the artefact with the spec. ``checked`` lists the dotted
-    keys (or files) compared; ``differences`` one line per mismatch."""
-
-    passed: bool
-    checked: list[str]
-    differences: list[str]
 
 
 def expected_engine_config(spec: BuildSpec) -> dict[str, Any]:

@@ -20,9 +20,14 @@ one line per check (``OK`` or ``MISSING``):
   build folder), the executor starts on it and greedily generates a few tokens (needs
   the GPU it was built for).
 
-``--mode all`` (the default) checks each mode whose module imports and says which it
-skipped: TensorRT-LLM releases after 1.3.0rc20 have no engine backend. Exit status: 0
-when every check run passes, 1 when any fails, 2 when no checked module imports.
+Keywords only some releases have (``Binding.optional``) are reported as present or
+absent, and checked only where present.
+
+``--mode all`` (the default) checks each mode the installed release has and says which
+it skipped. Engine mode needs ``tensorrt_llm.bindings.executor.Executor`` itself: after
+the engine backend's removal (after 1.3.0rc20) the module still imports (the PyTorch
+backend uses its value types) but has no ``Executor``. Exit status: 0 when every check
+run passes, 1 when any fails, 2 when no checked mode is available.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -37,7 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from build_engines.check_trtllm_names import NameCheck, run_checks
+from orchestrator.common.name_checks import NameCheck, run_checks
 from orchestrator.core import SamplingParams, ScheduledRequest, SchedulerOutput
 from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig
@@ -48,6 +54,8 @@ from plugins.trtllm.llm_api.settings import load_settings as load_llm_settings
 from plugins.trtllm.names import (
     ASYNC_ITERATION,
     BINDINGS,
+    GENERATE_ASYNC_KEYWORDS,
+    GENERATE_ASYNC_OPTIONAL,
     LLM_API_BINDINGS,
     LLM_API_MODULE,
     MODULE,
@@ -113,7 +121,25 @@ def llm_api_name_checks(llmapi: Any) -> list[NameCheck]:
     checks += [_member_check(llmapi, LLM_API_MODULE, "RequestOutput", n) for n in ASYNC_ITERATION]
     llm = next(b for b in LLM_API_BINDINGS if b.name == "LLM")
     checks += [_member_check(llmapi, LLM_API_MODULE, "TorchLlmArgs", k) for k in llm.keywords[1:]]
+    checks += [_generate_async_check(llmapi, k) for k in GENERATE_ASYNC_KEYWORDS]
+    for keyword in GENERATE_ASYNC_OPTIONAL:
+        found = "present" if _takes(llmapi, keyword) else "absent here, not passed"
+        checks.append(
+            NameCheck(f"LLM.generate_async({keyword}=) (per release): {found}", lambda: None)
+        )
     return checks
+
+
+def _takes(llmapi: Any, keyword: str) -> bool:
+    method = getattr(getattr(llmapi, "LLM", None), "generate_async", None)
+    return method is not None and keyword in inspect.signature(method).parameters
+
+
+def _generate_async_check(llmapi: Any, keyword: str) -> NameCheck:
+    def run() -> str | None:
+        return None if _takes(llmapi, keyword) else f"LLM.generate_async takes no {keyword}"
+
+    return NameCheck(f"LLM.generate_async({keyword}=)", run)
 
 
 # ---------------------------------------------------------------------------- signatures
@@ -170,13 +196,15 @@ ENGINE_ARGUMENTS: dict[str, Arguments] = {
 
 LLM_API_ARGUMENTS: dict[str, Arguments] = {
     "SchedulerConfig": lambda llmapi: {
-        "capacity_scheduler_policy": llmapi.CapacitySchedulerPolicy.MAX_UTILIZATION
+        "capacity_scheduler_policy": llmapi.CapacitySchedulerPolicy.MAX_UTILIZATION,
+        "waiting_queue_policy": llm_translate.priority_queue_policy(llmapi.SchedulerConfig),
     },
     "KvCacheConfig": lambda llmapi: {
         "enable_block_reuse": True,
         "free_gpu_memory_fraction": 0.5,
         "dtype": "auto",
         "tokens_per_block": 32,
+        "use_kv_cache_manager_v2": False,
     },
     "CudaGraphConfig": lambda llmapi: {
         "batch_sizes": [1, 2, 4],
@@ -198,21 +226,49 @@ LLM_API_ARGUMENTS: dict[str, Arguments] = {
 }
 
 
+def absent_optional(module: Any, binding: Binding) -> set[str]:
+    """The binding's per-release keywords its class in ``module`` lacks."""
+    cls = getattr(module, binding.name, None)
+    return {k for k in binding.optional if cls is None or not has_name(cls, k)}
+
+
+def optional_checks(module: Any, bindings: Sequence[Binding]) -> list[NameCheck]:
+    """One always-passing line per per-release keyword, saying whether this release has
+    it (the adapter passes it only where it does)."""
+    checks = []
+    for binding in bindings:
+        absent = absent_optional(module, binding)
+        for keyword in binding.optional:
+            found = "absent here, not passed" if keyword in absent else "present"
+            checks.append(
+                NameCheck(f"{binding.name}.{keyword} (per release): {found}", lambda: None)
+            )
+    return checks
+
+
 def signature_checks(
     module: Any, bindings: Sequence[Binding], arguments: Mapping[str, Arguments]
 ) -> list[NameCheck]:
     """Per value class with a table entry: the positional form constructs, and ``None``
-    is refused for exactly the ``required`` keywords."""
+    is refused for exactly the ``required`` keywords (per-release keywords where this
+    release has them)."""
     checks = []
     for binding in bindings:
         if binding.name not in arguments:
             continue
-        checks.append(_positional_check(module, binding, arguments[binding.name]))
+        absent = absent_optional(module, binding)
+        values = _without(arguments[binding.name], absent)
+        checks.append(_positional_check(module, binding, values))
         checks += [
-            _none_check(module, binding, arguments[binding.name], keyword)
+            _none_check(module, binding, values, keyword)
             for keyword in binding.keywords
+            if keyword not in absent
         ]
     return checks
+
+
+def _without(arguments: Arguments, absent: set[str]) -> Arguments:
+    return lambda module: {k: v for k, v in arguments(module).items() if k not in absent}
 
 
 def _positional_check(module: Any, binding: Binding, arguments: Arguments) -> NameCheck:
@@ -256,12 +312,12 @@ class Recorder:
     not constructed (they need a model on a GPU)."""
 
     def __init__(self, module: Any, record_only: frozenset[str] = frozenset()) -> None:
-        self._module = module
+        self.module = module
         self.record_only = record_only
         self.keywords: dict[str, set[str]] = {}
 
     def __getattr__(self, name: str) -> Any:
-        target = None if name in self.record_only else getattr(self._module, name)
+        target = None if name in self.record_only else getattr(self.module, name)
         return _RecordedClass(target, name, self.keywords)
 
 
@@ -375,12 +431,15 @@ def construction_checks(recorder: Recorder) -> list[NameCheck]:
 
 
 def llm_construction_checks(recorder: Recorder) -> list[NameCheck]:
-    """LLM-API mode's own constructors (``LLM`` itself recorded, not started)."""
+    """LLM-API mode's own constructors (``LLM`` itself recorded, not started), with the
+    per-release options this module offers."""
     checks = []
+    release = llm_translate.release_options(recorder.module)
     for settings in representative_llm_settings():
         label = f"LLM options (TP {settings.tensor_parallel_size}, "
         label += f"{settings.capacity_scheduler_policy})"
-        checks.append(_constructs(label, partial(llm_translate.start_llm, recorder, settings)))
+        build = partial(llm_translate.start_llm, recorder, settings, release)
+        checks.append(_constructs(label, build))
     for name, params in REPRESENTATIVE_SAMPLING.items():
         build = partial(llm_translate.sampling_params, recorder, params, 4, 11)
         checks.append(_constructs(f"SamplingParams ({name})", build))
@@ -398,6 +457,7 @@ def coverage_check(recorder: Recorder, bindings: Sequence[Binding] = BINDINGS) -
             if b.name not in NEEDS_ENGINE or b.name in recorder.record_only
             for k in b.keywords
             if k not in recorder.keywords.get(b.name, set())
+            and k not in absent_optional(recorder.module, b)
         ]
         return None if not unused else "never passed: " + ", ".join(unused)
 
@@ -415,7 +475,7 @@ def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
 
         config = TrtllmExecutorConfig(engine_dir=build_dir)
         try:
-            executor = TrtllmExecutor.open(config, load_settings(config), bindings=tle)
+            executor = TrtllmExecutor.open(config, load_settings(config), module=tle)
         except Exception as err:
             return f"could not start: {type(err).__name__}: {err}"
         try:
@@ -445,7 +505,7 @@ def llm_live_check(llmapi: Any, model: str, out: TextIO) -> NameCheck:
             build_dir=path if is_build else None, model=None if is_build else model
         )
         try:
-            executor = TrtllmLlmApiExecutor.open(config, load_llm_settings(config), llmapi=llmapi)
+            executor = TrtllmLlmApiExecutor.open(config, load_llm_settings(config), module=llmapi)
         except Exception as err:
             return f"could not start: {type(err).__name__}: {err}"
         try:
@@ -505,6 +565,7 @@ def llm_api_checks(llmapi: Any, model: str | None, out: TextIO) -> list[NameChec
     recorder = Recorder(llmapi, record_only=frozenset({"LLM"}))
     checks = [
         *llm_api_name_checks(llmapi),
+        *optional_checks(llmapi, LLM_API_BINDINGS),
         *signature_checks(llmapi, LLM_API_BINDINGS, LLM_API_ARGUMENTS),
         *llm_construction_checks(recorder),
         coverage_check(recorder, LLM_API_BINDINGS),
@@ -551,8 +612,16 @@ def main(
                 file=out,
             )
             continue
-        imported += 1
         version = getattr(import_module("tensorrt_llm"), "__version__", "unknown version")
+        if mode == "engine" and not hasattr(module, "Executor"):
+            print(
+                f"SKIPPED  engine mode: {module_name} has no Executor in TensorRT-LLM "
+                f"{version} (the engine backend was removed after 1.3.0rc20; only "
+                "LLM-API mode runs on this release)",
+                file=out,
+            )
+            continue
+        imported += 1
         print(f"{mode} mode: {module_name} (TensorRT-LLM {version})", file=out)
         if mode == "engine":
             checks += engine_checks(module, args.engine_dir, out)

@@ -39,6 +39,8 @@ class TrtllmExecutorConfig(BaseModel):
       the executor is declared stalled.
     - ``startup_timeout_s``: longest wait, in seconds, for the warm-up request that
       measures the KV cache at start.
+    - ``stats_interval_s``: how often, at most, in seconds, the executor's KV statistics
+      are read during serving (its free blocks go to the scheduler).
     - ``executor_worker_path``: TensorRT-LLM's ``executorWorker`` binary, used when the
       engine spans several GPUs (``None``: the one inside the installed package).
     """
@@ -57,4 +59,5 @@ class TrtllmExecutorConfig(BaseModel):
     seed: int | None = None
     step_timeout_s: float = Field(600.0, gt=0)
     startup_timeout_s: float = Field(600.0, gt=0)
+    stats_interval_s: float = Field(1.0, gt=0)
     executor_worker_path: Path | None = None

@@ -41,7 +41,10 @@ class Binding:
     parameter type is not optional, so ``None`` is refused (C++ ``const&`` parameters,
     ``bool`` and ``int`` parameters, non-``Optional`` pydantic fields).
     ``attributes``: properties read or set and methods called on instances.
-    ``members``: enum members.
+    ``members``: enum members. ``optional``: keywords only some releases have (they may
+    also be ``required``: ``None`` refused where they exist); the adapter passes each only
+    where the installed class has it, and check_names reports whether it is there
+    instead of failing.
     """
 
     name: str
@@ -50,12 +53,15 @@ class Binding:
     required: tuple[str, ...] = ()
     attributes: tuple[str, ...] = ()
     members: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.positional > len(self.keywords):
             raise ValueError(f"{self.name}: positional exceeds the listed keywords")
         if not set(self.required) <= set(self.keywords):
             raise ValueError(f"{self.name}: required names an unlisted keyword")
+        if not set(self.optional) <= set(self.keywords):
+            raise ValueError(f"{self.name}: optional names an unlisted keyword")
 
     @property
     def is_enum(self) -> bool:
@@ -169,7 +175,11 @@ BINDINGS: tuple[Binding, ...] = (
     Binding("Response", attributes=("request_id", "has_error", "error_msg", "result")),
     Binding("Result", attributes=("is_final", "output_token_ids", "log_probs", "finish_reasons")),
     Binding("IterationStats", attributes=("kv_cache_stats",)),
-    Binding("KvCacheStats", attributes=("max_num_blocks", "tokens_per_block")),
+    # The executor bindings (nanobind and pybind11) expose these as read-write fields.
+    Binding(
+        "KvCacheStats",
+        attributes=("max_num_blocks", "free_num_blocks", "used_num_blocks", "tokens_per_block"),
+    ),
 )
 
 BY_NAME: dict[str, Binding] = {b.name: b for b in BINDINGS}
@@ -180,17 +190,32 @@ BY_NAME: dict[str, Binding] = {b.name: b for b in BINDINGS}
 # keyword-only dataclass; LLM takes ``model`` by position. RequestOutput is made by
 # ``LLM.generate_async`` only, and is iterated with ``async for`` on the event loop it
 # was created on (its queue is an asyncio one only when a loop runs at creation).
+# Per-release keywords (``optional``; docs/trtllm.md names the sources):
+# ``KvCacheConfig.use_kv_cache_manager_v2`` (a stored llm_args.py has it as a prototype
+# bool; with the V2 manager the PyTorch backend's KVCacheV2Scheduler replaces every
+# capacity policy but MAX_UTILIZATION, _torch/pyexecutor/scheduler/scheduler_v2.py at
+# 9ba713c3), pinned to False where it exists; ``SchedulerConfig.waiting_queue_policy``
+# (FCFS only in waiting_queue.py at 85942da5; a later stored copy adds PRIORITY, which
+# serves higher ``generate_async(priority=...)`` first).
 LLM_API_BINDINGS: tuple[Binding, ...] = (
     Binding("CapacitySchedulerPolicy", members=CAPACITY_SCHEDULER_POLICIES),
     Binding(
         "SchedulerConfig",
-        keywords=("capacity_scheduler_policy",),
-        required=("capacity_scheduler_policy",),
+        keywords=("capacity_scheduler_policy", "waiting_queue_policy"),
+        required=("capacity_scheduler_policy", "waiting_queue_policy"),
+        optional=("waiting_queue_policy",),
     ),
     Binding(
         "KvCacheConfig",
-        keywords=("enable_block_reuse", "free_gpu_memory_fraction", "dtype", "tokens_per_block"),
-        required=("enable_block_reuse", "dtype", "tokens_per_block"),
+        keywords=(
+            "enable_block_reuse",
+            "free_gpu_memory_fraction",
+            "dtype",
+            "tokens_per_block",
+            "use_kv_cache_manager_v2",
+        ),
+        required=("enable_block_reuse", "dtype", "tokens_per_block", "use_kv_cache_manager_v2"),
+        optional=("use_kv_cache_manager_v2",),
     ),
     Binding(
         "CudaGraphConfig",
@@ -239,7 +264,9 @@ LLM_API_BINDINGS: tuple[Binding, ...] = (
             "scheduler_config",
             "enable_iter_perf_stats",
         ),
-        attributes=("generate_async", "generate", "get_stats", "shutdown"),
+        # get_stats is listed because the fake reproduces it; the adapter must not call
+        # it (llm_api/stats.py says why) and reads get_stats_async on its loop instead.
+        attributes=("generate_async", "generate", "get_stats", "get_stats_async", "shutdown"),
     ),
     Binding("RequestOutput", attributes=("outputs", "finished", "abort")),
     Binding("CompletionOutput", attributes=("token_ids_diff", "logprobs_diff", "finish_reason")),
@@ -249,6 +276,13 @@ LLM_API_BY_NAME: dict[str, Binding] = {b.name: b for b in LLM_API_BINDINGS}
 
 # RequestOutput is consumed with ``async for``; these are checked with the attributes.
 ASYNC_ITERATION = ("__aiter__", "__anext__")
+
+# ``LLM.generate_async`` keywords the adapter passes: always, and where the release has
+# them (``priority``: a float in [0, 1], higher first, default 0.5; a stored llm.py has
+# it, llm.py at 4c05a748 does not).
+GENERATE_ASYNC_KEYWORDS = ("sampling_params", "streaming")
+GENERATE_ASYNC_OPTIONAL = ("priority",)
+WAITING_QUEUE_PRIORITY = "PRIORITY"  # the WaitingQueuePolicy member that honours it
 
 # Keys of one ``LLM.get_stats()`` entry the LLM-API executor reads (IterationStats as
 # JSON: cpp/tensorrt_llm/executor/jsonSerialization.cpp).

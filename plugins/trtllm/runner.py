@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from orchestrator.core import (
     SamplingParams,
@@ -41,15 +41,27 @@ from plugins.trtllm.streams import Streams, Update
 _UINT64 = (1 << 64) - 1
 
 
+class Ask(NamedTuple):
+    """One streaming request for TensorRT-LLM: ``max_tokens`` more tokens after
+    ``tokens``, sampled as ``sampling`` says with ``seed``. ``priority`` is ours (lower
+    first); a mode or release that cannot pass it on leaves TensorRT-LLM's own queue
+    first-come-first-served. (Plans carry no priority yet, so the runner asks with the
+    default.)"""
+
+    tokens: Sequence[int]
+    max_tokens: int
+    sampling: SamplingParams
+    seed: int | None
+    priority: int = 0
+
+
 class Backend(Protocol):
     """What a mode provides to run plans. Only the thread that calls ``execute`` calls
     these."""
 
-    def submit(
-        self, tokens: Sequence[int], max_tokens: int, sampling: SamplingParams, seed: int | None
-    ) -> int:
-        """Send a streaming request for ``max_tokens`` more tokens after ``tokens``;
-        returns its submission id. Raises when TensorRT-LLM refuses it at once."""
+    def submit(self, ask: Ask) -> int:
+        """Send ``ask``; returns its submission id. Raises when TensorRT-LLM refuses it
+        at once."""
         ...
 
     def cancel(self, submission: int) -> None:
@@ -75,8 +87,8 @@ def resume_seed(seed: int, generated: int) -> int:
 
 
 class PlanRunner:
-    """Runs plans over a ``Backend``. ``num_blocks`` blocks of ``block_size`` tokens is
-    the KV pool the plans' block tables index; ``max_seq_len`` (tokens) caps what a
+    """Runs plans over a ``Backend``. ``blocks`` records tokens by the KV block that holds
+    them, over the pool the plans' block tables index; ``max_seq_len`` (tokens) caps what a
     request may ask for (``None``: no cap of TensorRT-LLM's own). ``seed`` seeds the
     seeds drawn for sampled requests that carry none (TensorRT-LLM's default seed is the
     same for every request, so identical prompts would sample identical text).
@@ -85,9 +97,8 @@ class PlanRunner:
     def __init__(
         self,
         backend: Backend,
+        blocks: BlockTokens,
         *,
-        num_blocks: int,
-        block_size: int,
         max_seq_len: int | None,
         seed: int | None,
         step_timeout_s: float,
@@ -96,7 +107,7 @@ class PlanRunner:
         self._max_seq_len = max_seq_len
         self._step_timeout_s = step_timeout_s
         self._rng = random.Random(seed)
-        self._blocks = BlockTokens(num_blocks, block_size)
+        self._blocks = blocks
         self._streams = Streams()
         self._prompt_lens: dict[str, int] = {}  # kept across preemptions, dropped at finish
 
@@ -164,9 +175,8 @@ class PlanRunner:
                 f"(max_tokens={sampling.max_tokens}, max_seq_len={self._max_seq_len})"
             )
         try:
-            submission = self._backend.submit(
-                tokens, max_tokens, sampling, self._seed(sampling, generated)
-            )
+            ask = Ask(tokens, max_tokens, sampling, self._seed(sampling, generated))
+            submission = self._backend.submit(ask)
         except Exception as err:  # TensorRT-LLM's refusal of this one request
             return f"TensorRT-LLM refused the request: {type(err).__name__}: {err}"
         self._streams.add(request_id, submission, sampling.logprobs is not None)

@@ -1,6 +1,6 @@
 """What the executor is started with: the build's manifest, overridden by run-time options.
 
-The manifest (build_engines/manifest.py) records the engine's compiled limits and the
+The manifest (orchestrator/common/build_manifest.py) records the engine's compiled limits and the
 run-time settings the build chose; options left at ``None`` keep the build's choice.
 Nothing here imports TensorRT-LLM.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from build_engines.manifest import Manifest, load_manifest
+from orchestrator.common.build_manifest import Manifest, load_manifest
 from orchestrator.core import ConfigError, EngineConfig
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.names import CAPACITY_SCHEDULER_POLICIES

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from build_engines.manifest import (
+from orchestrator.common.build_manifest import (
     Manifest,
     ServingSettings,
     StepRecord,
+    Verification,
     load_manifest,
     write_manifest,
 )
-from build_engines.verify import Verification
 from orchestrator.core.config import ConfigError
 from tests.build_engines.helpers import make_spec
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from build_engines.errors import BuildError, VerificationError
-from build_engines.manifest import load_manifest
 from build_engines.pipeline import BuildPipeline, step_hashes, step_names
+from orchestrator.common.build_manifest import load_manifest
 from tests.build_engines.helpers import (
     COMMIT,
     PYTORCH,

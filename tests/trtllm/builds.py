@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from build_engines.commands import Layout, llm_api_options
-from build_engines.manifest import Manifest, write_manifest
 from build_engines.pipeline import serving_settings
 from build_engines.spec import BuildSpec
 from build_engines.verify import (
@@ -19,6 +18,7 @@ from build_engines.verify import (
     expected_engine_config,
     verify_artifact,
 )
+from orchestrator.common.build_manifest import Manifest, write_manifest
 from orchestrator.core.config import (
     CacheConfig,
     EngineConfig,
@@ -50,6 +50,7 @@ class FakeBuild:
     fail_token_id: int | None = None
     eos_token_id: int = 2
     gpus: int = 8
+    stats_delay_ms: float = 20.0  # the fake LLM's statistics delivery delay (real: 200-400)
 
     def spec(self, root: Path) -> BuildSpec:
         return BuildSpec.model_validate(
@@ -91,6 +92,7 @@ def write_build(root: Path, build: FakeBuild | None = None, *, verified: bool = 
             "eos_token_id": build.eos_token_id,
             "max_position_embeddings": build.max_seq_len,
             "gpus": build.gpus,
+            "stats_delay_ms": build.stats_delay_ms,
         }
         _write_checkpoint(spec, layout, knobs)
     verification = verify_artifact(spec, layout)

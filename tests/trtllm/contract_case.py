@@ -26,7 +26,7 @@ def trtllm_fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
     config = TrtllmExecutorConfig(engine_dir=write_build(tmp_path_factory.mktemp("trtllm"), BUILD))
     settings = load_settings(config)
     return ExecutorCase(
-        lambda: TrtllmExecutor.open(config, settings, bindings=fake_tensorrt_llm),
+        lambda: TrtllmExecutor.open(config, settings, module=fake_tensorrt_llm),
         BUILD.tokens_per_block,
         BUILD.vocab_size,
         returns_logprobs=True,
@@ -41,7 +41,7 @@ def trtllm_llmapi_fake_case(tmp_path_factory: pytest.TempPathFactory) -> Executo
     config = TrtllmLlmApiConfig(build_dir=root)
     settings = load_llm_settings(config)
     return ExecutorCase(
-        lambda: TrtllmLlmApiExecutor.open(config, settings, llmapi=fake_llmapi),
+        lambda: TrtllmLlmApiExecutor.open(config, settings, module=fake_llmapi),
         BUILD.tokens_per_block,
         BUILD.vocab_size,
         returns_logprobs=True,

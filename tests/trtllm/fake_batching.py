@@ -52,6 +52,7 @@ class Limits:
     chunked_context: bool
     policy: str
     fail_token_id: int | None = None
+    priority_queue: bool = False  # waiting queue by Job.priority (higher first), else FCFS
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -68,6 +69,7 @@ class Job:
     sampler: Sampler
     stop_words: list[list[int]] = field(default_factory=list)
     end_id: int | None = None
+    priority: float = 0.5
     context: list[int] = field(default_factory=list)
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -127,7 +129,15 @@ class Batcher:
     def submit(self, job: Job) -> int:
         with self._cond:
             job_id, self._next_id = self._next_id, self._next_id + 1
-            self._queue.append((job_id, job))
+            if self.limits.priority_queue:
+                # PriorityWaitingQueue: higher priority first, arrival order among equals.
+                at = next(
+                    (i for i, (_, j) in enumerate(self._queue) if j.priority < job.priority),
+                    len(self._queue),
+                )
+                self._queue.insert(at, (job_id, job))
+            else:
+                self._queue.append((job_id, job))
             self._cond.notify_all()
         return job_id
 

@@ -11,6 +11,8 @@ from plugins.trtllm import check_names
 from plugins.trtllm.names import (
     ASYNC_ITERATION,
     BINDINGS,
+    GENERATE_ASYNC_KEYWORDS,
+    GENERATE_ASYNC_OPTIONAL,
     LLM_API_BINDINGS,
     LLM_API_MODULE,
     MODULE,
@@ -18,6 +20,7 @@ from plugins.trtllm.names import (
 from tests.trtllm import fake_llmapi, fake_tensorrt_llm
 from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.fake_llmapi._llm import _TorchLlmArgs
+from tests.trtllm.fake_llmapi._releases import release_1_2
 
 TOP = types.SimpleNamespace(__version__="1.2.1")
 
@@ -65,6 +68,8 @@ def test_every_check_of_both_modes_passes_on_the_fakes() -> None:
     llm = next(b for b in LLM_API_BINDINGS if b.name == "LLM")
     llm_names = sum(1 + len(b.members) + len(b.attributes) for b in LLM_API_BINDINGS)
     llm_names += len(ASYNC_ITERATION) + len(llm.keywords) - 1
+    llm_names += len(GENERATE_ASYNC_KEYWORDS) + len(GENERATE_ASYNC_OPTIONAL)
+    llm_names += sum(len(b.optional) for b in LLM_API_BINDINGS)  # present-or-absent lines
     llm_signatures = sum(
         1 + len(b.keywords) for b in LLM_API_BINDINGS if b.name in check_names.LLM_API_ARGUMENTS
     )
@@ -84,6 +89,32 @@ def test_a_release_without_the_engine_backend_checks_llm_api_mode_only() -> None
     assert status == 0, text
     assert "SKIPPED  engine mode: tensorrt_llm.bindings.executor is not importable" in text
     assert "llm-api mode: tensorrt_llm.llmapi" in text
+
+
+def test_a_release_whose_bindings_have_no_executor_checks_llm_api_mode_only() -> None:
+    # 1.3.0rc21 and later: tensorrt_llm.bindings.executor still imports (the PyTorch
+    # backend uses its value types), but Executor itself is gone (NVIDIA/TensorRT-LLM#16369).
+    status, text = run(copy_of(fake_tensorrt_llm, Executor=None), llmapi(), "--mode", "all")
+    assert status == 0, text
+    assert "SKIPPED  engine mode: tensorrt_llm.bindings.executor has no Executor" in text
+    assert "engine mode: tensorrt_llm.bindings.executor (" not in text
+    assert "llm-api mode: tensorrt_llm.llmapi" in text
+    assert "MISSING" not in text
+    status, text = run(copy_of(fake_tensorrt_llm, Executor=None), llmapi(), "--mode", "engine")
+    assert status == 2, text
+
+
+def test_per_release_keywords_are_reported_and_checked_only_where_present() -> None:
+    newest = run(fake_tensorrt_llm, llmapi())[1]
+    assert "KvCacheConfig.use_kv_cache_manager_v2 (per release): present" in newest
+    assert "OK       KvCacheConfig(use_kv_cache_manager_v2=None) refuses None" in newest
+    assert "LLM.generate_async(priority=) (per release): present" in newest
+    status, older = run(fake_tensorrt_llm, release_1_2(llmapi()))
+    assert status == 0, older
+    assert "KvCacheConfig.use_kv_cache_manager_v2 (per release): absent here" in older
+    assert "SchedulerConfig.waiting_queue_policy (per release): absent here" in older
+    assert "LLM.generate_async(priority=) (per release): absent here" in older
+    assert "use_kv_cache_manager_v2=None" not in older
 
 
 def test_nothing_importable_exits_2() -> None:

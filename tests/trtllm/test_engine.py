@@ -1,5 +1,6 @@
-"""The real scheduler and engine core driving the adapter over the fake executor:
-prefix caching, chunked prefill, preemption, stop tokens and aborts end to end."""
+"""The real scheduler and engine core driving each TensorRT-LLM adapter over its fake:
+prefix caching, chunked prefill, preemption (cancel and resubmit), stop tokens and aborts
+end to end, once per mode."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import pytest
 from orchestrator.core.clock import WallClock
 from orchestrator.core.engine import EngineCore
 from orchestrator.core.request import FinishReason, SamplingParams, Submission
-from plugins.trtllm import TrtllmExecutor, TrtllmExecutorConfig
-from tests.trtllm.builds import engine_config, write_build
-from tests.trtllm.conftest import Calls, spy_bindings
+from tests.trtllm.builds import FakeBuild, engine_config, write_build
+from tests.trtllm.conftest import Mode
 from tests.trtllm.plans import greedy_tokens, prompt_of
 
 MAX_STEPS = 2000
@@ -23,14 +23,15 @@ MakeEngine = Callable[..., EngineCore]
 
 
 @pytest.fixture
-def make_engine(tmp_path: Path, calls: Calls) -> Iterator[MakeEngine]:
+def make_engine(tmp_path: Path, mode: Mode) -> Iterator[MakeEngine]:
     engines: list[EngineCore] = []
 
     def make(num_blocks: int | None = None, **scheduler: Any) -> EngineCore:
-        options = TrtllmExecutorConfig(engine_dir=write_build(tmp_path / f"b{len(engines)}"))
+        root = write_build(tmp_path / f"b{len(engines)}", FakeBuild(backend=mode.backend))
+        options = mode.options(root)
         scheduler.setdefault("max_batch_size", 8)  # the fake build's
         config = engine_config(options, block_size=16, num_blocks=num_blocks, **scheduler)
-        executor = TrtllmExecutor.from_config(options, config, bindings=spy_bindings(calls))
+        executor = mode.from_config(options, config)
         engine = EngineCore.from_config(config, executor=executor, clock=WallClock())
         engines.append(engine)
         return engine
@@ -60,7 +61,7 @@ def greedy(request_id: str, prompt: list[int], max_tokens: int, **kw: Any) -> Su
 
 
 def test_requests_preempted_for_kv_finish_with_the_models_tokens(
-    make_engine: MakeEngine, calls: Calls
+    make_engine: MakeEngine, mode: Mode
 ) -> None:
     # 14 blocks of 16 tokens for five requests that need 4 each over their lifetime.
     engine = make_engine(num_blocks=14, chunk_size=32, max_num_tokens=64)
@@ -69,7 +70,7 @@ def test_requests_preempted_for_kv_finish_with_the_models_tokens(
         engine.add_request(greedy(rid, prompt, 24))
     outputs = run(engine)
     assert engine.stats().num_preemptions > 0
-    assert calls.cancelled  # preempted requests were cancelled in the executor
+    assert mode.cancelled()  # preempted requests were cancelled in TensorRT-LLM
     for rid, prompt in prompts.items():
         assert outputs[rid] == (greedy_tokens(prompt, 24), FinishReason.LENGTH), rid
 
@@ -89,16 +90,16 @@ def test_a_shared_prefix_and_a_stop_token(make_engine: MakeEngine) -> None:
 
 
 def test_an_aborted_request_is_cancelled_and_the_rest_carry_on(
-    make_engine: MakeEngine, calls: Calls
+    make_engine: MakeEngine, mode: Mode
 ) -> None:
     engine = make_engine()
     engine.add_request(greedy("kept", prompt_of(20, 50), 12))
     engine.add_request(greedy("dropped", prompt_of(20, 51), 200))
     for _ in range(4):
         engine.step()
-    dropped_id = next(i for i, r in calls.enqueued if r.max_tokens == 200)
+    dropped = mode.max_tokens().index(200)
     engine.abort("dropped")
     outputs = run(engine)
-    assert calls.cancelled == [dropped_id]
+    assert mode.cancelled() == [dropped]
     assert outputs["kept"][0][-1] == greedy_tokens(prompt_of(20, 50), 12)[-1]
     assert engine.stats().kv_blocks_used == 0

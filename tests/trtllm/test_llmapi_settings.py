@@ -4,20 +4,18 @@ options over them; bad folders and mismatched engine configs are named."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.core.config import ConfigError
+from orchestrator.core.config import ConfigError, ModelConfig
 from plugins.trtllm import TrtllmLlmApiConfig
 from plugins.trtllm.llm_api.settings import (
     CudaGraphs,
     LlmApiSettings,
-    check_engine_config,
     load_settings,
+    with_model_len,
 )
 from tests.trtllm.builds import FakeBuild, engine_config, write_build
 
@@ -98,6 +96,27 @@ def test_a_model_given_directly_takes_the_defaults() -> None:
     assert load_settings(TrtllmLlmApiConfig(model="m")).max_seq_len is None
 
 
+def test_cuda_graphs_are_captured_up_to_the_batch_size_and_no_further() -> None:
+    small = load_settings(TrtllmLlmApiConfig(model="m", max_seq_len=64, max_batch_size=16))
+    assert small.cuda_graphs == CudaGraphs(None, 16, True)
+    listed = TrtllmLlmApiConfig(model="m", max_batch_size=16, cuda_graph_batch_sizes=[8, 1, 4])
+    assert load_settings(listed).cuda_graphs == CudaGraphs((1, 4, 8), None, True)
+
+
+def test_the_input_limit_is_never_left_to_tensorrt_llms_default() -> None:
+    # TensorRT-LLM defaults max_input_len to 1024 when neither limit is set.
+    options = TrtllmLlmApiConfig(model="m")
+    engine = engine_config(options)
+    with_len = engine.model_copy(
+        update={"model": ModelConfig(name="fake", source="unused", max_model_len=8192)}
+    )
+    assert with_model_len(load_settings(options), with_len).max_input_len == 8192
+    with pytest.raises(ConfigError, match=r"set model.max_model_len .* 1024 tokens"):
+        with_model_len(load_settings(options), engine)
+    given = TrtllmLlmApiConfig(model="m", max_input_len=100)
+    assert with_model_len(load_settings(given), engine).max_input_len == 100
+
+
 def test_exactly_one_source_is_required() -> None:
     with pytest.raises(ValueError, match="exactly one of build_dir"):
         TrtllmLlmApiConfig()
@@ -120,29 +139,3 @@ def test_folders_without_a_verified_manifest_or_checkpoint_are_named(tmp_path: P
     unverified = write_build(tmp_path / "u", FakeBuild(backend="pytorch"), verified=False)
     with pytest.raises(ConfigError, match="failed verification"):
         settings_for(unverified)
-
-
-def test_the_engine_config_must_match_the_llm(tmp_path: Path) -> None:
-    options = TrtllmLlmApiConfig(build_dir=write_build(tmp_path, FakeBuild(backend="pytorch")))
-    settings = load_settings(options)
-    check_engine_config(settings, engine_config(options, block_size=16, max_batch_size=8))
-    with pytest.raises(ConfigError, match=r"set cache.block_size: 16"):
-        check_engine_config(settings, engine_config(options, block_size=32))
-    with pytest.raises(ConfigError, match=r"at most 8 sequences"):
-        check_engine_config(settings, engine_config(options, max_batch_size=9))
-
-
-def test_the_config_validates_without_tensorrt_llm() -> None:
-    code = (
-        "import sys\n"
-        "from plugins.trtllm import TrtllmLlmApiExecutor\n"
-        "c = TrtllmLlmApiExecutor.Config.model_validate({'model': 'm', 'cuda_graphs': False})\n"
-        "print(c.cuda_graphs, 'tensorrt_llm' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
-
-
-def test_unknown_options_are_refused() -> None:
-    with pytest.raises(ValueError, match="kv_cache_fraction"):
-        TrtllmLlmApiConfig.model_validate({"model": "m", "kv_cache_fraction": 0.5})

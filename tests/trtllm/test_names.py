@@ -171,7 +171,9 @@ def _binding_uses(tree: ast.AST, path: Path) -> list[str]:
                 if node.args:
                     problems.append(f"{path.name}:{node.lineno}: {func.attr}() gets positionals")
                 for kw in node.keywords:
-                    if kw.arg not in binding.keywords:
+                    # A ``**`` splat holds per-release keywords; check_names' coverage
+                    # check sees what it passes.
+                    if kw.arg is not None and kw.arg not in binding.keywords:
                         problems.append(
                             f"{path.name}:{node.lineno}: {func.attr}({kw.arg}=) is not listed"
                         )
@@ -187,7 +189,7 @@ def test_adapters_use_only_listed_names() -> None:
             if isinstance(node, ast.Name) and node.id in LISTS:
                 uses[node.id] += 1
         problems += _binding_uses(tree, path)
-    assert uses["tle"] > 20 and uses["llmapi"] > 10  # the walk found the calls of both modes
+    assert uses["tle"] > 15 and uses["llmapi"] > 10  # the walk found the calls of both modes
     assert problems == []
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +11,8 @@ import pytest
 
 from orchestrator.core.config import ConfigError
 from plugins.trtllm import TrtllmExecutorConfig
-from plugins.trtllm.settings import EngineSettings, check_engine_config, load_settings
-from tests.trtllm.builds import FakeBuild, engine_config, write_build
+from plugins.trtllm.settings import EngineSettings, load_settings
+from tests.trtllm.builds import FakeBuild, write_build
 
 
 def settings_for(root: Path, **options: Any) -> EngineSettings:
@@ -99,29 +97,3 @@ def test_a_pytorch_backend_build_is_refused(tmp_path: Path) -> None:
     (root / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match=r"serving.backend is 'pytorch'"):
         settings_for(root)
-
-
-def test_the_engine_config_must_match_the_engine(tmp_path: Path) -> None:
-    options = TrtllmExecutorConfig(engine_dir=write_build(tmp_path, FakeBuild(max_batch_size=8)))
-    settings = load_settings(options)
-    check_engine_config(settings, engine_config(options, block_size=16, max_batch_size=8))
-    with pytest.raises(ConfigError, match=r"set cache.block_size: 16"):
-        check_engine_config(settings, engine_config(options, block_size=32))
-    with pytest.raises(ConfigError, match=r"built for at most 8 sequences"):
-        check_engine_config(settings, engine_config(options, max_batch_size=9))
-
-
-def test_the_config_validates_without_tensorrt_llm() -> None:
-    code = (
-        "import sys\n"
-        "from plugins.trtllm import TrtllmExecutor\n"
-        "c = TrtllmExecutor.Config.model_validate({'engine_dir': '/x', 'cuda_graph_mode': False})\n"
-        "print(c.cuda_graph_mode, 'tensorrt_llm' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
-
-
-def test_unknown_options_are_refused() -> None:
-    with pytest.raises(ValueError, match="kv_cache_fraction"):
-        TrtllmExecutorConfig.model_validate({"engine_dir": "/x", "kv_cache_fraction": 0.5})

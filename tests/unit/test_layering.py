@@ -5,8 +5,9 @@
 - the rest of ``orchestrator`` uses the core through ``orchestrator.core`` (the seams its
   ``__init__`` exports), never a core submodule, and never imports ``plugins``;
 - only the gateway imports FastAPI, Starlette or uvicorn;
-- ``plugins`` import the project only through ``orchestrator.core`` and
-  ``orchestrator.common``.
+- every room of the table (``common``, ``gateway``, ``sim``, ``bench``, ``plugins``,
+  ``build_engines``) imports the project only from itself, the core's seams and
+  ``orchestrator.common`` (so ``plugins`` never import ``build_engines``, nor the other way).
 
 Imports are read from the source (every ``import`` statement, lazy ones included).
 """
@@ -14,6 +15,7 @@ Imports are read from the source (every ``import`` statement, lazy ones included
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -82,14 +84,36 @@ def app_rule(in_gateway: bool) -> Rule:
     return rule
 
 
-def plugin_rule(name: str) -> str | None:
-    if top(name) != "orchestrator":
-        return None
-    if name in ("orchestrator.core", "orchestrator.common") or name.startswith(
-        "orchestrator.common."
-    ):
-        return None
-    return "plugins use only orchestrator.core and orchestrator.common"
+PROJECT = ("orchestrator", "plugins", "build_engines")
+SHARED = ("orchestrator.core", "orchestrator.common")
+
+# docs/architecture.md's rooms below the core: where each lives, as a dotted prefix.
+ROOMS = {
+    "orchestrator/common": "orchestrator.common",
+    "orchestrator/gateway": "orchestrator.gateway",
+    "orchestrator/sim": "orchestrator.sim",
+    "orchestrator/bench": "orchestrator.bench",
+    "plugins": "plugins",
+    "build_engines": "build_engines",
+}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def room_rule(room: str) -> Rule:
+    """A room of the table imports the project only from itself, the core's seams and
+    the shared vocabulary."""
+
+    def rule(name: str) -> str | None:
+        if top(name) not in PROJECT or within(name, room) or name == "orchestrator.core":
+            return None
+        if within(name, "orchestrator.common"):
+            return None
+        return f"{room} may import only itself, the core's seams and orchestrator.common"
+
+    return rule
 
 
 def test_the_core_imports_nothing_outside_itself() -> None:
@@ -107,8 +131,19 @@ def test_applications_use_the_core_through_its_seams(room: str) -> None:
     assert violations(paths, app_rule(room == "gateway")) == []
 
 
-def test_plugins_use_only_the_core_and_the_shared_vocabulary() -> None:
-    assert violations(files("plugins"), plugin_rule) == []
+@pytest.mark.parametrize(("folder", "room"), ROOMS.items(), ids=list(ROOMS))
+def test_each_room_imports_only_itself_the_seams_and_the_shared_vocabulary(
+    folder: str, room: str
+) -> None:
+    paths = files(folder)
+    assert paths, f"no room at {folder}"
+    assert violations(paths, room_rule(room)) == []
+
+
+def test_every_room_of_the_architecture_table_is_checked() -> None:
+    table = (ROOT / "docs" / "architecture.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_/]+)/` \|", table, re.MULTILINE))
+    assert listed == {"orchestrator/core", *ROOMS}
 
 
 def test_the_rules_catch_what_they_forbid() -> None:
@@ -118,4 +153,9 @@ def test_the_rules_catch_what_they_forbid() -> None:
     assert app_rule(False)("plugins.sim_executor")
     assert app_rule(False)("orchestrator.core.sched.scheduler")
     assert app_rule(False)("fastapi") and not app_rule(True)("fastapi")
-    assert plugin_rule("orchestrator.sim.driver") and not plugin_rule("orchestrator.core")
+    plugins = room_rule("plugins")
+    assert plugins("orchestrator.sim.driver") and plugins("build_engines.manifest")
+    assert plugins("orchestrator.core.config") and not plugins("orchestrator.core")
+    assert not plugins("orchestrator.common.build_manifest") and not plugins("plugins.trtllm")
+    assert room_rule("build_engines")("plugins.trtllm.settings")
+    assert room_rule("orchestrator.sim")("orchestrator.bench.client")

@@ -5,7 +5,8 @@ when ``generate_async`` made it (its queue is an asyncio queue only then), as
 ``trtllm-serve`` does. So the backend keeps one event loop on a thread of its own: each
 submission calls ``generate_async`` there and starts a task that turns every streamed
 output into an ``Update`` on a thread-safe queue, which ``poll`` reads on the engine's
-thread. Aborts run on the loop too.
+thread. Aborts run on the loop too, and so does the statistics reader (``stats``), which
+each submission re-arms.
 """
 
 from __future__ import annotations
@@ -13,17 +14,21 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from orchestrator.core import SamplingParams
 from plugins.trtllm.llm_api import translate
+from plugins.trtllm.llm_api.stats import KvStatsReader
+from plugins.trtllm.llm_api.translate import ReleaseOptions
+from plugins.trtllm.runner import Ask
 from plugins.trtllm.streams import Update
 
 T = TypeVar("T")
 
 _SUBMIT_TIMEOUT_S = 60.0  # generate_async only queues the request; it returns at once
+_STOP_GRACE_S = 5.0  # longest wait for the loop's cancelled tasks at stop
+_CANCEL_RETRY_S = 0.1  # how often a task that survived its cancellation is cancelled again
 
 
 class EventLoopThread:
@@ -61,12 +66,20 @@ class EventLoopThread:
         if self.loop.is_closed():
             return
 
-        def cancel_all() -> None:
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-            self.loop.call_soon(self.loop.stop)
+        async def cancel_all() -> None:
+            # Let the cancelled tasks finish before the loop stops and closes, cancelling
+            # again those still pending: before Python 3.12, asyncio.wait_for (which
+            # TensorRT-LLM's AsyncQueue.get awaits) can swallow a cancellation that races
+            # with its inner wait. After _STOP_GRACE_S the loop stops regardless.
+            pending = {t for t in asyncio.all_tasks(self.loop) if t is not asyncio.current_task()}
+            deadline = self.loop.time() + _STOP_GRACE_S
+            while pending and self.loop.time() < deadline:
+                for task in pending:
+                    task.cancel()
+                _, pending = await asyncio.wait(pending, timeout=_CANCEL_RETRY_S)
+            self.loop.stop()
 
-        self.loop.call_soon_threadsafe(cancel_all)
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(cancel_all()))
         if threading.current_thread() is self._thread:
             return  # called from a task on the loop: it stops once this callback returns
         self._thread.join()
@@ -74,23 +87,34 @@ class EventLoopThread:
 
 
 class LlmApiBackend:
-    """Submissions are our own counter; ``RequestOutput`` handles live on the loop."""
+    """Submissions are our own counter; ``RequestOutput`` handles live on the loop.
+    ``release`` says whether ``generate_async`` gets a priority."""
 
-    def __init__(self, llmapi: Any, llm: Any, loop: EventLoopThread) -> None:
+    def __init__(
+        self,
+        llmapi: Any,
+        llm: Any,
+        loop: EventLoopThread,
+        stats: KvStatsReader,
+        release: ReleaseOptions,
+    ) -> None:
         self._llmapi = llmapi
         self._llm = llm
         self._loop = loop
+        self._stats = stats
+        self._release = release
         self._updates: queue.SimpleQueue[Update] = queue.SimpleQueue()
         self._handles: dict[int, Any] = {}  # touched on the loop's thread only
         self._tasks: set[asyncio.Task[None]] = set()
         self._next = 1
 
-    def submit(
-        self, tokens: Sequence[int], max_tokens: int, sampling: SamplingParams, seed: int | None
-    ) -> int:
-        params = translate.sampling_params(self._llmapi, sampling, max_tokens, seed)
+    def submit(self, ask: Ask) -> int:
+        params = translate.sampling_params(self._llmapi, ask.sampling, ask.max_tokens, ask.seed)
+        options: dict[str, Any] = {}
+        if self._release.passes_priority:
+            options["priority"] = translate.llm_priority(ask.priority)
         submission, self._next = self._next, self._next + 1
-        self._loop.call(self._start, submission, list(tokens), params)
+        self._loop.call(self._start, submission, list(ask.tokens), params, options)
         return submission
 
     def cancel(self, submission: int) -> None:
@@ -114,8 +138,11 @@ class LlmApiBackend:
 
     # ------------------------------------------------------------------ on the loop
 
-    def _start(self, submission: int, tokens: list[int], params: Any) -> None:
-        output = self._llm.generate_async(tokens, sampling_params=params, streaming=True)
+    def _start(
+        self, submission: int, tokens: list[int], params: Any, options: dict[str, Any]
+    ) -> None:
+        output = self._llm.generate_async(tokens, sampling_params=params, streaming=True, **options)
+        self._stats.rearm()  # the submission lifted TensorRT-LLM's statistics latch
         self._handles[submission] = output
         task = asyncio.get_running_loop().create_task(self._pump(submission, output))
         self._tasks.add(task)  # the loop keeps only weak references to tasks

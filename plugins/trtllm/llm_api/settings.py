@@ -4,7 +4,7 @@ imports TensorRT-LLM."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core import ConfigError, EngineConfig
@@ -66,7 +66,8 @@ DEFAULT_OPTIONS: dict[str, Any] = {
         "tokens_per_block": 32,
     },
     "scheduler_config": {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"},
-    "cuda_graph_config": {"max_batch_size": 256, "enable_padding": True},
+    # No maximum of its own: graphs are captured up to max_batch_size (_cuda_graphs).
+    "cuda_graph_config": {"enable_padding": True},
 }
 
 
@@ -115,8 +116,9 @@ def load_settings(config: TrtllmLlmApiConfig) -> LlmApiSettings:
         enable_block_reuse=get(config.enable_block_reuse, "kv_cache_config.enable_block_reuse"),
         max_batch_size=max_batch_size,
         max_num_tokens=get(config.max_num_tokens, "max_num_tokens"),
-        # TensorRT-LLM's own default input limit (1024) is below most prompts we serve;
-        # without a value of its own the input may use the whole sequence.
+        # Unset here, TensorRT-LLM would apply its own default input limit (1024, below
+        # most prompts we serve); the input may use the whole sequence instead, and
+        # with_model_len fills it from the engine config when no sequence length is set.
         max_input_len=get(config.max_input_len, "max_input_len") or max_seq_len,
         max_seq_len=max_seq_len,
         enable_chunked_prefill=get(config.enable_chunked_prefill, "enable_chunked_prefill"),
@@ -150,7 +152,24 @@ def _cuda_graphs(
         padding = bool(built.get("enable_padding", True))
     if sizes:
         return CudaGraphs(tuple(sorted(sizes)), None, padding)
-    return CudaGraphs(None, int(built.get("max_batch_size") or max_batch_size), padding)
+    # A graph for a batch larger than TensorRT-LLM may run would only cost memory.
+    built_max = int(built.get("max_batch_size") or max_batch_size)
+    return CudaGraphs(None, min(built_max, max_batch_size), padding)
+
+
+def with_model_len(settings: LlmApiSettings, engine: EngineConfig) -> LlmApiSettings:
+    """Settings whose input limit is never left to TensorRT-LLM's default (1024 tokens,
+    to which its own pausing also truncates a paused request): unset, it becomes
+    ``model.max_model_len``. Raises ``ConfigError`` when neither is known."""
+    if settings.max_input_len is not None:
+        return settings
+    model_len = engine.model.max_model_len
+    if model_len is None:
+        raise ConfigError(
+            f"set model.max_model_len (or the executor's max_input_len or max_seq_len) for "
+            f"{settings.model}: TensorRT-LLM would otherwise cap every input at 1024 tokens"
+        )
+    return replace(settings, max_input_len=model_len)
 
 
 def check_engine_config(settings: LlmApiSettings, engine: EngineConfig) -> None:

@@ -8,21 +8,95 @@ test holds this package to the list). Constructors are called with keywords only
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.core import SamplingParams
+from plugins.trtllm.kv import KvSnapshot
 from plugins.trtllm.llm_api.settings import CudaGraphs, LlmApiSettings
-from plugins.trtllm.names import KV_CACHE_STATS_FIELDS, KV_CACHE_STATS_KEY
+from plugins.trtllm.names import (
+    KV_CACHE_STATS_FIELDS,
+    KV_CACHE_STATS_KEY,
+    WAITING_QUEUE_PRIORITY,
+)
 from plugins.trtllm.streams import Update
 
 
-def start_llm(llmapi: Any, settings: LlmApiSettings) -> Any:
+@dataclass(frozen=True)
+class ReleaseOptions:
+    """What the installed ``tensorrt_llm.llmapi`` offers beyond the names every targeted
+    release has (plugins.trtllm.names lists them as ``optional``).
+
+    ``pins_kv_manager_v1``: ``KvCacheConfig`` has ``use_kv_cache_manager_v2``, and it is
+    passed ``False`` (the V2 manager's scheduler runs MAX_UTILIZATION whatever policy is
+    asked for). ``priority_policy``: the ``WaitingQueuePolicy.PRIORITY`` member when
+    ``SchedulerConfig`` takes ``waiting_queue_policy`` and ``LLM.generate_async`` takes
+    ``priority``; ``None`` leaves TensorRT-LLM first-come-first-served (our scheduler's
+    order still decides what is submitted when)."""
+
+    pins_kv_manager_v1: bool
+    priority_policy: Any | None
+
+    @property
+    def passes_priority(self) -> bool:
+        return self.priority_policy is not None
+
+
+def _fields(cls: Any) -> dict[str, Any]:
+    fields = getattr(cls, "model_fields", None)
+    return fields if isinstance(fields, dict) else {}
+
+
+def _enum_member(annotation: Any, name: str) -> Any | None:
+    """``annotation.<name>``, looking inside ``Optional[...]`` and unions."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        member = getattr(candidate, name, None)
+        if member is not None:
+            return member
+    return None
+
+
+def has_field(cls: Any, name: str) -> bool:
+    """Whether a pydantic options class has the field ``name``."""
+    return name in _fields(cls)
+
+
+def priority_queue_policy(scheduler_config: Any) -> Any | None:
+    """``WaitingQueuePolicy.PRIORITY``, reached through ``scheduler_config``'s
+    ``waiting_queue_policy`` field; ``None`` where there is no such field or member."""
+    queue_field = _fields(scheduler_config).get("waiting_queue_policy")
+    if queue_field is None:
+        return None
+    return _enum_member(queue_field.annotation, WAITING_QUEUE_PRIORITY)
+
+
+def release_options(llmapi: Any) -> ReleaseOptions:
+    """Probe the module's classes (pydantic fields, ``generate_async``'s parameters)
+    rather than trust a version number: pre-releases add fields between tags."""
+    policy = priority_queue_policy(llmapi.SchedulerConfig)
+    llm_class = llmapi.LLM
+    takes_priority = "priority" in inspect.signature(llm_class.generate_async).parameters
+    return ReleaseOptions(
+        pins_kv_manager_v1=has_field(llmapi.KvCacheConfig, "use_kv_cache_manager_v2"),
+        priority_policy=policy if takes_priority else None,
+    )
+
+
+def start_llm(llmapi: Any, settings: LlmApiSettings, release: ReleaseOptions) -> Any:
     """Load the model: TensorRT-LLM's ``LLM`` on the PyTorch backend (the default of
     ``tensorrt_llm.llmapi.LLM`` in every release this adapter targets). Iteration
     statistics are switched on: the KV cache picture is read from them."""
+    kv_options: dict[str, Any] = {}
+    if release.pins_kv_manager_v1:
+        kv_options["use_kv_cache_manager_v2"] = False
+    queue_options: dict[str, Any] = {}
+    if release.priority_policy is not None:
+        queue_options["waiting_queue_policy"] = release.priority_policy
     return llmapi.LLM(
         model=settings.model,
         tensor_parallel_size=settings.tensor_parallel_size,
@@ -32,12 +106,14 @@ def start_llm(llmapi: Any, settings: LlmApiSettings) -> Any:
             free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
             dtype=settings.kv_cache_dtype,
             tokens_per_block=settings.tokens_per_block,
+            **kv_options,
         ),
         enable_chunked_prefill=settings.enable_chunked_prefill,
         scheduler_config=llmapi.SchedulerConfig(
             capacity_scheduler_policy=getattr(
                 llmapi.CapacitySchedulerPolicy, settings.capacity_scheduler_policy
-            )
+            ),
+            **queue_options,
         ),
         max_batch_size=settings.max_batch_size,
         max_input_len=settings.max_input_len,
@@ -90,6 +166,13 @@ def sampling_params(
     )
 
 
+def llm_priority(priority: int) -> float:
+    """Our priority (an integer, lower first; 0 the default) as TensorRT-LLM's (a float in
+    [0, 1], higher first; 0.5 the default): strictly decreasing, 0 maps to 0.5, and every
+    integer lands strictly inside (0, 1)."""
+    return 0.5 - math.atan(priority) / math.pi
+
+
 def update_from(submission: int, output: Any) -> Update:
     """One streamed ``RequestOutput`` (read just after it arrived) as a stream update:
     the tokens its first completion gained since the previous one."""
@@ -112,18 +195,6 @@ def _chosen_logprob(entry: Any, token: int) -> float | None:
     if isinstance(entry, int | float):
         return float(entry)
     return None
-
-
-@dataclass(frozen=True)
-class KvSnapshot:
-    """TensorRT-LLM's KV cache as its iteration statistics last reported it: blocks of
-    ``tokens_per_block`` tokens; ``at_s`` is when it was read (``time.monotonic``)."""
-
-    max_blocks: int
-    free_blocks: int
-    used_blocks: int
-    tokens_per_block: int
-    at_s: float
 
 
 def kv_snapshot(entries: Sequence[Any], at_s: float) -> KvSnapshot | None:

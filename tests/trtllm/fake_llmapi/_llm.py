@@ -11,8 +11,10 @@ What it reproduces, because the adapter relies on it:
   ``kv_memory_tokens``, ``iteration_ms`` and optionally ``fail_token_id`` and ``gpus``
   (1 by default: more GPUs than that are refused, as TensorRT-LLM refuses more than the
   machine has).
-- ``generate_async(inputs, sampling_params, streaming=...)`` takes token ids, returns a
-  ``RequestOutput`` at once, and raises ``ValueError`` at once for a prompt over
+- ``generate_async(inputs, sampling_params, streaming=..., priority=0.5)`` takes token
+  ids (``priority`` a float in [0, 1], refused outside it; with
+  ``SchedulerConfig(waiting_queue_policy=PRIORITY)`` a higher one leaves the waiting queue
+  first), returns a ``RequestOutput`` at once, and raises ``ValueError`` at once for a prompt over
   ``max_num_tokens`` without chunked prefill (TensorRT-LLM's own check); other invalid
   requests fail while iterating. The output is iterated with ``async for`` on the loop
   that was running when it was made; made outside a running loop it has no async queue
@@ -24,20 +26,27 @@ What it reproduces, because the adapter relies on it:
   The model's ``eos_token_id`` ends a request (left out) unless ``ignore_eos``.
   ``abort()`` ends it with ``"cancelled"``. A run-time failure raises from iteration.
 - The KV cache holds ``kv_memory_tokens x free_gpu_memory_fraction`` tokens in blocks of
-  ``tokens_per_block``, shared under the scheduler config's capacity policy.
-  ``get_stats(timeout)`` returns the iteration statistics since the last call (dicts
-  with ``kvCacheStats``), waiting up to ``timeout`` seconds for one, and only when the
-  LLM was started with ``enable_iter_perf_stats=True``.
+  ``tokens_per_block``, shared under the scheduler config's capacity policy (which the
+  V2 KV cache manager, ``use_kv_cache_manager_v2=True``, replaces with MAX_UTILIZATION).
+- Iteration statistics (only with ``enable_iter_perf_stats=True``; dicts with
+  ``kvCacheStats``) reach ``get_stats(timeout)`` and ``get_stats_async(timeout)``
+  through TensorRT-LLM's own plumbing, reproduced in ``_stats``: one ``IterationResult``
+  made by the first ``generate_async`` (bound to the loop running there, if any), the
+  ``_done`` latch that only a later ``generate_async`` lifts, the sync face of an async
+  queue that returns ``None`` at its deadline (so ``get_stats`` raises ``TypeError``
+  from ``json.loads(None)``) and taints the queue, and a delivery delay of
+  ``stats_delay_ms`` (config.json ``fake``; 200 ms, the worker's sleep, by default).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import threading
 import weakref
-from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,14 +55,21 @@ from pydantic import BaseModel, ConfigDict
 
 from tests.trtllm.fake_batching import Batcher, Event, Job, KvPicture, Limits
 from tests.trtllm.fake_llmapi._options import (
+    CapacitySchedulerPolicy,
     CudaGraphConfig,
     KvCacheConfig,
     SamplingParams,
     SchedulerConfig,
+    WaitingQueuePolicy,
+)
+from tests.trtllm.fake_llmapi._stats import (
+    IterationResult,
+    StatsDispatcher,
+    empty_async_iterable,
 )
 from tests.trtllm.fake_model import Sampler
 
-_STATS_KEPT = 1000
+logger = logging.getLogger("tensorrt_llm")
 _FINISH_REASONS = {"STOP_WORDS": "stop", "END_ID": "stop", "LENGTH": "length"}
 _DEFAULT: Any = object()  # a default_factory field's default: a fresh object per call
 
@@ -85,6 +101,22 @@ class _TorchLlmArgs(BaseModel):
     max_num_tokens: int | None = 8192
     cuda_graph_config: CudaGraphConfig | None
     enable_iter_perf_stats: bool = False
+
+
+def _effective_policy(args: _TorchLlmArgs) -> str:
+    """The capacity policy that runs. With the V2 KV cache manager the PyTorch backend
+    schedules with KVCacheV2Scheduler, which replaces any policy but MAX_UTILIZATION with
+    a warning (_torch/pyexecutor/scheduler/scheduler_v2.py at 9ba713c3)."""
+    asked = args.scheduler_config.capacity_scheduler_policy
+    if args.kv_cache_config.use_kv_cache_manager_v2 is True:
+        if asked != CapacitySchedulerPolicy.MAX_UTILIZATION:
+            logger.warning(
+                "KVCacheV2Scheduler only supports MAX_UTILIZATION for now, got %s, "
+                "setting to MAX_UTILIZATION",
+                asked.value,
+            )
+        return CapacitySchedulerPolicy.MAX_UTILIZATION.value
+    return asked.value
 
 
 class CompletionOutput:
@@ -270,16 +302,24 @@ class LLM:
             kv_blocks=int(fake["kv_memory_tokens"] * fraction) // kv.tokens_per_block,
             iteration_s=fake["iteration_ms"] / 1000,
             chunked_context=args.enable_chunked_prefill,
-            policy=args.scheduler_config.capacity_scheduler_policy.value,
+            policy=_effective_policy(args),
+            priority_queue=args.scheduler_config.waiting_queue_policy
+            == WaitingQueuePolicy.PRIORITY,
             fail_token_id=fake.get("fail_token_id"),
         )
         self._cond = threading.Condition()
         self._outputs: dict[int, RequestOutput] = {}
-        self._stats: deque[dict[str, Any]] = deque(maxlen=_STATS_KEPT)
+        self._iter_stats: IterationResult | None = None
         self._iteration = 0
         self._shut_down = False
         self._batcher = Batcher(self._limits, self._collect)
+        weak = weakref.ref(self)
+        self._stats = StatsDispatcher(
+            fake.get("stats_delay_ms", 200) / 1000,
+            lambda: None if (llm := weak()) is None else llm._iter_stats,
+        )
         weakref.finalize(self, self._batcher.stop)
+        weakref.finalize(self, self._stats.stop)
 
     def generate_async(
         self,
@@ -287,6 +327,7 @@ class LLM:
         sampling_params: SamplingParams | None = None,
         *,
         streaming: bool = False,
+        priority: float = 0.5,
     ) -> RequestOutput:
         if self._shut_down:
             raise RuntimeError("LLM is shutting down")
@@ -299,6 +340,8 @@ class LLM:
             raise TypeError(
                 f"The sampling_params must be type SamplingParams or None, but got {type(params)}"
             )
+        if not 0.0 <= priority <= 1.0:  # GenerationRequest, tensorrt_llm/executor/request.py
+            raise ValueError(f"priority must be a float in [0.0, 1.0], got {priority}")
         limits = self._limits
         if not limits.chunked_context and len(inputs) > limits.max_num_tokens:
             raise ValueError(
@@ -309,6 +352,11 @@ class LLM:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
+        # GenerationExecutor._maybe_initialize_iteration_results, in the caller's thread.
+        if self._iter_stats is None:
+            self._iter_stats = IterationResult()
+        else:
+            self._iter_stats.mark_undone()
         job = Job(
             list(inputs),
             params.max_tokens,
@@ -320,6 +368,7 @@ class LLM:
             ),
             stop_words=[[t] for t in params.stop_token_ids or []],
             end_id=-1 if params.ignore_eos else self._eos,
+            priority=priority,
         )
         with self._cond:
             # Registered before the worker can answer for it.
@@ -337,16 +386,21 @@ class LLM:
         return output
 
     def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
-        with self._cond:
-            if not self._stats and timeout:
-                self._cond.wait(timeout)
-            stats = list(self._stats)
-            self._stats.clear()
-        return stats
+        if self._iter_stats is None:
+            return []
+        self._iter_stats.set_timeout(timeout)
+        return self._iter_stats.get_results()
+
+    def get_stats_async(self, timeout: float | None = 2) -> AsyncIterator[dict[str, Any]]:
+        if self._iter_stats is None:
+            return empty_async_iterable()
+        self._iter_stats.set_timeout(timeout)
+        return self._iter_stats
 
     def shutdown(self) -> None:
         self._shut_down = True
         self._batcher.stop()
+        self._stats.stop()
 
     def _collect(self, events: list[Event], kv: KvPicture) -> None:
         with self._cond:
@@ -359,7 +413,7 @@ class LLM:
                 output._deliver(event)
             self._iteration += 1
             if self._args.enable_iter_perf_stats:
-                self._stats.append(
+                self._stats.record(
                     {
                         "iter": self._iteration,
                         "kvCacheStats": {

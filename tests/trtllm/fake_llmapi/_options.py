@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,12 +22,24 @@ class CapacitySchedulerPolicy(enum.StrEnum):  # TensorRT-LLM: a StrEnum too
     STATIC_BATCH = "STATIC_BATCH"
 
 
+class WaitingQueuePolicy(enum.StrEnum):
+    """Reached through ``SchedulerConfig``'s field, as the adapter does (not a listed
+    module name). FCFS only in waiting_queue.py at 85942da5; PRIORITY in a later stored
+    copy, whose value the sources we read do not show."""
+
+    FCFS = "fcfs"
+    PRIORITY = "priority"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# The newest shape: the per-release fields (plugins/trtllm/names.py ``optional``) are
+# here; tests/trtllm/fake_llmapi/_releases.py builds the 1.2-shaped module without them.
 class SchedulerConfig(_Strict):
     capacity_scheduler_policy: CapacitySchedulerPolicy = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+    waiting_queue_policy: WaitingQueuePolicy = WaitingQueuePolicy.FCFS
 
 
 class KvCacheConfig(_Strict):
@@ -34,6 +47,9 @@ class KvCacheConfig(_Strict):
     free_gpu_memory_fraction: float | None = Field(default=0.9, ge=0, le=1)
     dtype: str = "auto"
     tokens_per_block: int = 32
+    # A prototype bool, False, in the stored llm_args.py we read; a stored TensorRT-LLM
+    # test also passes "auto", so later releases may default to choosing V2.
+    use_kv_cache_manager_v2: bool | Literal["auto"] = False
 
 
 class CudaGraphConfig(_Strict):

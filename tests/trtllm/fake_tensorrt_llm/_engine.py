@@ -208,6 +208,8 @@ class Executor:
         stats = IterationStats()
         stats.kv_cache_stats = KvCacheStats()
         stats.kv_cache_stats.max_num_blocks = kv.max_blocks
+        stats.kv_cache_stats.free_num_blocks = kv.free_blocks
+        stats.kv_cache_stats.used_num_blocks = kv.used_blocks
         stats.kv_cache_stats.tokens_per_block = kv.tokens_per_block
         with self._cond:
             for event in events:

@@ -400,10 +400,12 @@ class Response:
 
 
 class KvCacheStats:
-    __slots__ = ("max_num_blocks", "tokens_per_block")
+    __slots__ = ("free_num_blocks", "max_num_blocks", "tokens_per_block", "used_num_blocks")
 
     def __init__(self) -> None:
         self.max_num_blocks = 0
+        self.free_num_blocks = 0
+        self.used_num_blocks = 0
         self.tokens_per_block = 0
 
 

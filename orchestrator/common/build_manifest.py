@@ -1,4 +1,6 @@
-"""The manifest written next to a built artefact.
+"""The manifest a TensorRT-LLM build writes next to its artefact: the record the build
+pipeline (``build_engines``) writes and the TensorRT-LLM executors (``plugins/trtllm``)
+read, so it lives in the shared vocabulary both may import.
 
 It records how the artefact was made (spec, spec hash, tool versions, GPU, command lines,
 timings, verification) and, in ``serving``, the settings the serving side configures its
@@ -13,9 +15,20 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
-from build_engines.spec import Backend, KVCacheDType
-from build_engines.verify import Verification
 from orchestrator.core import ConfigError, StrictModel, format_errors
+
+Backend = Literal["engine", "pytorch"]
+KVCacheDType = Literal["fp8", "int8", "bf16", "fp16"]
+
+
+class Verification(StrictModel):
+    """The outcome of comparing the artefact with the spec. ``checked`` lists the dotted
+    keys (or files) compared; ``differences`` one line per mismatch."""
+
+    passed: bool
+    checked: list[str]
+    differences: list[str]
+
 
 MANIFEST_VERSION = 1
 
