@@ -24,7 +24,8 @@ class ScheduledRequest(NamedTuple):
     the last one run this step. ``sample`` is true when this step's last token is the
     last known token of the request, so the executor must return the next token.
     Every position before ``start_position`` is already in the KV cache (computed
-    earlier or a prefix-cache hit).
+    earlier or a prefix-cache hit). ``priority`` is the request's (lower first), for an
+    executor that queues work of its own (TensorRT-LLM's waiting queue).
     """
 
     request_id: str
@@ -33,6 +34,7 @@ class ScheduledRequest(NamedTuple):
     block_table: Sequence[int]
     sample: bool
     sampling: SamplingParams
+    priority: int = 0
 
     @property
     def num_tokens(self) -> int:

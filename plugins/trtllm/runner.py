@@ -44,9 +44,8 @@ _UINT64 = (1 << 64) - 1
 class Ask(NamedTuple):
     """One streaming request for TensorRT-LLM: ``max_tokens`` more tokens after
     ``tokens``, sampled as ``sampling`` says with ``seed``. ``priority`` is ours (lower
-    first); a mode or release that cannot pass it on leaves TensorRT-LLM's own queue
-    first-come-first-served. (Plans carry no priority yet, so the runner asks with the
-    default.)"""
+    first, the plan's ``ScheduledRequest.priority``); a mode or release that cannot pass
+    it on leaves TensorRT-LLM's own queue first-come-first-served."""
 
     tokens: Sequence[int]
     max_tokens: int
@@ -175,7 +174,8 @@ class PlanRunner:
                 f"(max_tokens={sampling.max_tokens}, max_seq_len={self._max_seq_len})"
             )
         try:
-            ask = Ask(tokens, max_tokens, sampling, self._seed(sampling, generated))
+            seed = self._seed(sampling, generated)
+            ask = Ask(tokens, max_tokens, sampling, seed, scheduled.priority)
             submission = self._backend.submit(ask)
         except Exception as err:  # TensorRT-LLM's refusal of this one request
             return f"TensorRT-LLM refused the request: {type(err).__name__}: {err}"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.core import ScheduledRequest, SchedulerOutput
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.backend import EventLoopThread
 from plugins.trtllm.runner import Ask
@@ -194,6 +195,10 @@ def test_priorities_reach_a_release_that_takes_them(
     sent = [options["priority"] for options in llm_calls.generate_options[1:]]
     assert sent == [translate.llm_priority(3), translate.llm_priority(-2)]
     assert llm_calls.generate_options[0]["priority"] == 0.5  # the warm-up: the default
+    # Through a plan: the scheduler's ScheduledRequest.priority is what reaches the LLM.
+    plan = SchedulerOutput([ScheduledRequest("r", [1, 2, 3], 0, [0], True, GREEDY, 7)])
+    executor.execute(plan)
+    assert llm_calls.generate_options[-1]["priority"] == translate.llm_priority(7)
 
 
 def test_our_priorities_map_into_tensorrt_llms_range_in_reverse_order() -> None:

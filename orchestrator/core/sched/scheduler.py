@@ -294,6 +294,7 @@ class Scheduler:
             self.kv.block_table_snapshot(rid),
             start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
             request.sampling,
+            request.priority,
         )
         step.budget -= n
 
