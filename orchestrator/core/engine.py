@@ -158,11 +158,15 @@ class EngineCore:
     def calibrate_predictor(self, config: EngineConfig) -> StepTimePrior | None:
         """Before serving: fit the step-time predictor's prior to steps timed on this
         executor (``calibration.startup_shapes``), unless ``scheduler.predictor`` sets a
-        prior (an override) or turns calibration off, or the predictor is a model of its
-        own (the simulator's). Logs and returns the fitted prior (seconds per unit), or
-        ``None`` when none ran (and logs the predictor's state if it is not trusted)."""
+        prior (an override) or turns calibration off, the config has no SLO classes (then
+        no decision reads a prediction, and the steps would only delay ``/ready``), or the
+        predictor is a model of its own (the simulator's). Logs and returns the fitted
+        prior (seconds per unit), or ``None`` when none ran (and logs the predictor's
+        state if it is not trusted and SLO classes would act on it)."""
         predictor = self.scheduler.predictor
         settings = config.scheduler.predictor
+        if not config.scheduler.slo_classes:
+            return None
         skip = settings.prior is not None or not settings.calibrate_at_start
         if skip or not isinstance(predictor, LinearStepTimePredictor):
             if not predictor.trusted:

@@ -159,7 +159,12 @@ def test_calibration_at_start_fits_the_loaded_executor_and_is_trusted() -> None:
     executor = LinearCostExecutor(0.04, 0.0005)
     config = EngineConfig(
         executor=ExecutorSpec(type="torch"),
-        scheduler={"max_num_tokens": 256, "chunk_size": 256, "predictor": {"prior": None}},
+        scheduler={
+            "max_num_tokens": 256,
+            "chunk_size": 256,
+            "predictor": {"prior": None},
+            "slo_classes": CLASSES,
+        },
     )
     kv = KVCacheManager(executor.num_blocks, 16, True)
     engine = EngineCore(Scheduler(config.scheduler, kv, 4096), executor, VirtualClock())
@@ -180,5 +185,17 @@ def test_a_configured_prior_is_an_override_and_skips_calibration() -> None:
         scheduler={"predictor": {"prior": SHIPPED_PRIOR.model_dump()}},
     )
     engine, _ = slo_engine(executor, SHIPPED_PRIOR)
+    assert engine.calibrate_predictor(config) is None
+    assert not executor.plans
+
+
+def test_no_calibration_without_slo_classes() -> None:
+    """Nothing acts on predictions without SLO classes, so start-up times no steps."""
+    executor = LinearCostExecutor(0.04, 0.0005)
+    config = EngineConfig(
+        executor=ExecutorSpec(type="torch"), scheduler={"predictor": {"prior": None}}
+    )
+    kv = KVCacheManager(executor.num_blocks, 16, True)
+    engine = EngineCore(Scheduler(config.scheduler, kv, 4096), executor, VirtualClock())
     assert engine.calibrate_predictor(config) is None
     assert not executor.plans
