@@ -10,6 +10,7 @@ import torch
 from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
 from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
+from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.model import TORCH_OPS, Ops, RotaryTable, compute_logits, forward_hidden
 from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.paged import (
@@ -99,8 +100,7 @@ class ModelRunner:
         otherwise (and for the LM head), and with compact weights their layout too
         (oneDNN's copy still runs the batches too long for them)."""
         fmt = self.weights_format
-        for linear in [*(x for layer in self.weights.layers for x in layer.linears),
-                       self.weights.lm_head]:  # fmt: skip
+        for linear in self._projections():
             if tiles and linear.has_tile_layout and linear is not self.weights.lm_head:
                 linear.tile_weight()
                 continue
@@ -108,14 +108,18 @@ class ModelRunner:
             if applies(fmt, linear.out_features, linear.in_features):
                 linear.compact_weight(fmt)
 
+    def _projections(self) -> list[Linear]:
+        """Every layer's projections, then the LM head."""
+        w = self.weights
+        return [*(x for layer in w.layers for x in layer.linears), w.lm_head]
+
     @property
     def decode_weight_bytes(self) -> int:
         """Bytes of weights a decode step of a few rows reads (the projections in the
         layout they run in, the LM head, the norms): a memory roofline's numerator."""
-        w = self.weights
         fmt = self.weights_format
-        total = w.num_bytes
-        for linear in [*(x for layer in w.layers for x in layer.linears), w.lm_head]:
+        total = self.weights.num_bytes
+        for linear in self._projections():
             if applies(fmt, linear.out_features, linear.in_features):
                 total += linear.compact_weight(fmt).num_bytes - linear.num_bytes
         return total
