@@ -25,6 +25,7 @@ from orchestrator.core.config import (
     load_engine_config,
     load_yaml,
 )
+from orchestrator.core.constraint import ConstraintKind, ConstraintSpec
 from orchestrator.core.engine import EngineCore, EngineStats, EngineStep
 from orchestrator.core.errors import AdmissionError, EngineDeadError, EngineError, OverloadedError
 from orchestrator.core.executor import (
@@ -65,6 +66,8 @@ __all__ = [
     "CacheConfig",
     "Clock",
     "ConfigError",
+    "ConstraintKind",
+    "ConstraintSpec",
     "EngineConfig",
     "EngineCore",
     "EngineDeadError",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from orchestrator.core.constraint import ConstraintSpec
+
 
 class RequestStatus(enum.IntEnum):
     """Lifecycle of a request; ordered so that ``status >= FINISHED_STOPPED`` means finished."""
@@ -91,6 +93,8 @@ class Submission:
     a configured SLO class (the gateway has already applied a tenant's default class;
     ``None`` leaves ``default_slo_class``) and ``tenant`` the party whose share of service
     is counted (an API key or the client's ``user`` field); both are ``None`` when unused.
+    ``constraint``, when set, is what the output must match (structured outputs, tool
+    calls); the engine refuses it when its executor cannot enforce one.
     """
 
     request_id: str
@@ -100,6 +104,7 @@ class Submission:
     arrival_time: float = 0.0
     slo_class: str | None = None
     tenant: str | None = None
+    constraint: ConstraintSpec | None = None
 
     def __post_init__(self) -> None:
         # Callers may pass any sequence; a tuple keeps the record immutable.
