@@ -19,9 +19,9 @@ from orchestrator.gateway.middleware import RequestBodyMiddleware, RequestIdMidd
 from orchestrator.gateway.openapi import install_openapi
 from orchestrator.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from orchestrator.gateway.routes import router
-from orchestrator.gateway.tool_parsers import tool_call_format
 from orchestrator.gateway.serving import OpenAIServing, ServingLimits
 from orchestrator.gateway.tokenizer import Tokenizer
+from orchestrator.gateway.tool_parsers import tool_call_format
 
 API_DESCRIPTION = (
     "OpenAI's completions and chat completions. Every error is "

@@ -15,7 +15,6 @@ from pydantic import Field, model_validator
 
 from orchestrator.core import EngineConfig, StrictModel, load_yaml
 
-
 # The tool-call formats ``orchestrator.gateway.tool_parsers.TOOL_CALL_FORMATS`` holds,
 # by name (a test keeps the two equal): config holds names, behaviour the registry.
 ToolCallParserName = Literal["hermes"]

@@ -262,8 +262,9 @@ class HermesParser:
     """Content passes through; a ``<tool_call>`` block becomes a call as soon as its
     ``name`` is a known tool, and its ``arguments`` object streams out as the model
     writes it. A block that names no known tool (or is not JSON) is content, as the
-    model wrote it. Whitespace between calls is dropped; a text prefix that could
-    begin ``<tool_call>`` is held back until it cannot."""
+    model wrote it. Whitespace right before a call, and after the last one, is
+    dropped; a text prefix that could begin ``<tool_call>`` is held back until it
+    cannot."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self._names = frozenset(names)
@@ -271,6 +272,7 @@ class HermesParser:
         self._block: str | None = None  # the open block's text after <tool_call>
         self._call: CallPiece | None = None  # the open block's call, once named
         self._sent_args = 0  # characters of the open call's arguments sent
+        self._dropped = ""  # whitespace dropped before the open block
         self._num_calls = 0
 
     @property
@@ -292,7 +294,7 @@ class HermesParser:
             if self._call is not None:
                 out.calls.extend(self._arguments(self._block, final=True))
             else:
-                out.content += HERMES_OPEN + self._block
+                out.content += self._dropped + HERMES_OPEN + self._block
             self._block = None
         elif self._outside.strip() or not self._num_calls:
             out.content += self._outside
@@ -303,7 +305,10 @@ class HermesParser:
         buffer = self._outside + text
         start = buffer.find(HERMES_OPEN)
         if start >= 0:
-            self._emit_content(buffer[:start], out, final=True)
+            before = buffer[:start]
+            self._emit_content(before, out, final=True)
+            # Kept in case the block turns out to be text after all.
+            self._dropped = before[len(before.rstrip(" \t\r\n")) :]
             self._outside = ""
             self._block, self._call, self._sent_args = "", None, 0
             return buffer[start + len(HERMES_OPEN) :]
@@ -323,13 +328,12 @@ class HermesParser:
 
     @staticmethod
     def _emit_content(text: str, out: Parsed, final: bool) -> str:
-        """Send ``text`` unless it is only whitespace, which is held back (returned)
-        until more text shows whether it separates calls; right before a block
+        """Send ``text`` but its trailing whitespace, which is returned (held back)
+        until more text shows whether it only separates calls; right before a block
         (``final``) it is dropped."""
-        if text.strip():
-            out.content += text
-            return ""
-        return "" if final else text
+        body = text.rstrip(" \t\r\n")
+        out.content += body
+        return "" if final else text[len(body) :]
 
     def _push_block(self, text: str, out: Parsed) -> str:
         assert self._block is not None
@@ -402,7 +406,7 @@ class HermesParser:
                 out.calls.append(CallPiece(self._num_calls, text, new_call_id(), v["name"]))
                 self._num_calls += 1
             return
-        out.content += HERMES_OPEN + inner + HERMES_CLOSE
+        out.content += self._dropped + HERMES_OPEN + inner + HERMES_CLOSE
 
 
 # ---------------------------------------------------------------------- registry
