@@ -539,12 +539,10 @@ class OpenAIServing:
             async with contextlib.aclosing(self._deltas(job)) as stream:
                 async for delta in stream:
                     sent[delta.index] = delta.num_output_tokens
-                    if not delta.is_empty:
-                        chunk = fmt.stream_chunk(delta)
-                        if chunk is None:
-                            continue
+                    piece = None if delta.is_empty else fmt.stream_chunk(delta)
+                    if piece is not None:
                         usage = job.usage(sum(sent.values())) if continuous_usage else None
-                        yield _sse_data(chunk, usage)
+                        yield _sse_data(piece, usage)
             if include_usage:
                 yield _sse_data(fmt.stream_usage(job.usage()))
         except Exception as exc:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from orchestrator.core import (
     AdmissionError,
@@ -165,8 +165,8 @@ def grammar_accepts(spec: ConstraintSpec, text: str) -> bool:
     class _Bytes:
         eos_token_id = BYTE_EOS
         bos_token_id = None
-        tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-        special_token_ids = [BYTE_EOS]
+        tokens: ClassVar[list[bytes]] = [bytes([i]) for i in range(256)] + [b"<eos>"]
+        special_token_ids: ClassVar[list[int]] = [BYTE_EOS]
 
         def __call__(self, data: bytes) -> list[int]:
             return list(data)
