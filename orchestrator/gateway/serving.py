@@ -434,7 +434,12 @@ class OpenAIServing:
     async def _started(job: _Job) -> None:
         """Wait until every choice has its first output or has ended; raises the first
         choice's error (a constraint that failed to compile fails the whole request)."""
-        await asyncio.gather(*(stream.peek() for stream in job.streams))
+        waits = [asyncio.ensure_future(stream.peek()) for stream in job.streams]
+        try:
+            await asyncio.gather(*waits)
+        finally:
+            for wait in waits:  # the rest, once one has failed (peeking consumes nothing)
+                wait.cancel()
 
     @staticmethod
     def _api_error(job: _Job, exc: BaseException) -> APIError:
