@@ -134,3 +134,26 @@ def test_the_registry_holds_exactly_the_names_the_config_accepts() -> None:
     assert all(fmt.name == name for name, fmt in TOOL_CALL_FORMATS.items())
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerConfig(tool_call_parser="nonexistent")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_grammar_matches_calls_in_the_default_models_own_tokens() -> None:
+    """The executor compiles the grammar over the served model's vocabulary: a call as
+    SmolLM2's tokenizer splits it is accepted there too."""
+    import llguidance
+    import llguidance.hf
+    from llguidance import LLMatcher
+
+    from orchestrator.common.model_source import load_tokenizer
+    from orchestrator.core.config import ModelConfig
+
+    hf = load_tokenizer(ModelConfig())
+    matcher = LLMatcher(
+        llguidance.hf.from_tokenizer(hf),
+        llguidance.grammar_from("lark", grammar(True, WEATHER, TIME).value),
+        log_level=0,
+    )
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon", "unit": "f"}}\n</tool_call>'
+    matcher.consume_tokens(hf.encode(call, add_special_tokens=False))
+    assert not matcher.is_error(), matcher.get_error()
+    assert matcher.is_accepting()
