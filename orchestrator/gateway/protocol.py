@@ -703,6 +703,14 @@ class ChatCompletionRequest(_GenerationRequest):
         """Tools named once each; a forced choice names a tool there is; history calls
         name offered tools and tool messages answer earlier calls; at most one
         constraint (a forced tool call, ``response_format``, ``structured_outputs``)."""
+        if (
+            not self.tools
+            and self.tool_choice in (None, "none", "auto")
+            and self.response_format is None
+            and self.structured_outputs is None
+            and not any(m.tool_calls or m.role == "tool" for m in self.messages)
+        ):
+            return  # nothing tool-related: a plain request pays no more than before
         names: list[str] = []
         for i, tool in enumerate(self.tools or []):
             if tool.function.name in names:

@@ -58,6 +58,13 @@ def prompt_messages(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The messages and the ``tools`` argument for the chat template. ``native``: the
     template renders tools itself."""
+    if not body.tools and not any(m.tool_calls or m.role == "tool" for m in body.messages):
+        # The common case, kept as cheap as a plain chat request was.
+        plain = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+            for m in body.messages
+        ]
+        return plain, None
     messages = template_messages(body.messages)
     tools = offered_tools(body)
     if native:
