@@ -601,6 +601,9 @@ def test_a_constraint_that_fails_to_compile_is_a_400_whole(client: TestClient) -
     error = r.json()["error"]
     assert error["param"] == "response_format" and error["code"] == "invalid_constraint"
     assert "compile_timeout_s" in error["message"]
+    r = chat(client, "compile", n=2, structured_outputs={"json": PATHOLOGICAL})
+    assert r.status_code == 400  # any choice failing fails the whole request
+    assert r.json()["error"]["param"] == "structured_outputs.json"
 
 
 def test_a_constraint_that_fails_to_compile_is_a_400_before_any_stream_byte(
