@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import typing
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.core import ConstraintKind, ConstraintSpec
 from orchestrator.gateway.config import ServerConfig, ToolCallParserName
@@ -157,3 +160,37 @@ def test_the_grammar_matches_calls_in_the_default_models_own_tokens() -> None:
     matcher.consume_tokens(hf.encode(call, add_special_tokens=False))
     assert not matcher.is_error(), matcher.get_error()
     assert matcher.is_accepting()
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+PLAIN = st.text(max_size=20).filter(lambda t: "<tool_call>" not in t)
+
+
+@given(
+    before=PLAIN,
+    calls=st.lists(
+        st.tuples(
+            st.sampled_from(NAMES), st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=3)
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    cuts=st.lists(st.integers(0, 400), max_size=8),
+)
+@settings(max_examples=150, deadline=None)
+def test_any_calls_in_any_split_come_back_whole(
+    before: str, calls: list[tuple[str, dict[str, Any]]], cuts: list[int]
+) -> None:
+    blocks = [
+        f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in calls
+    ]
+    text = before + "\n".join(blocks)
+    content, parsed = run(text, sorted({c for c in cuts if 0 < c < len(text)}))
+    assert content == before.rstrip(" \t\r\n")
+    assert [(n, json.loads(a)) for n, a in parsed] == calls
