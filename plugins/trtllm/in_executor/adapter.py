@@ -1,0 +1,310 @@
+"""Our core's ``Scheduler`` as TensorRT-LLM's ``RequestScheduler``.
+
+``PyExecutor._schedule`` calls ``scheduler.schedule_request(active_requests,
+inflight_req_ids)`` once per iteration and reads the ``SchedulerOutput`` namedtuple it
+returns (``tensorrt_llm/_torch/pyexecutor/scheduler.py`` at ``034fffb0`` on the 1.2
+line; ``tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py`` at ``002f3cc3`` on the
+1.3 line, where the tuple gains ``encoder_requests`` first and
+``scheduled_mm_encoder_items`` last). Then it pauses ``paused_requests``
+(``req.pause(max_input_len)`` and frees their KV), allocates KV for the context and
+generation requests, runs the forward pass and samples. So each call here is the
+boundary between two iterations; it:
+
+1. applies the previous iteration to the core (``Scheduler.update``): each planned
+   request that sampled gets the token its ``LlmRequest`` gained; requests TensorRT-LLM
+   finished or cancelled (gone from ``active_requests``) are aborted in the core first;
+   the step's duration feeds the core's step-time predictor, as ``EngineCore.step`` does;
+2. queues requests it has not seen (``Scheduler.add_request``), with the facts the
+   ``FactsChannel`` holds for them (priority, SLO class, tenant, arrival);
+3. runs ``Scheduler.schedule`` (ordering, token budget with the SLO budget, chunked
+   prefill, preemption: the same object and policies as every other executor);
+4. returns the plan as TensorRT-LLM's output: context requests with
+   ``context_chunk_size`` set to our chunk, generation requests, our preemptions that
+   hold KV in TensorRT-LLM as ``paused_requests``.
+
+The core's KV pool is a ``KvMirror`` of TensorRT-LLM's; each iteration TensorRT-LLM's
+own free count is handed to the core (``StepResult.kv_free_blocks``), so admission never
+counts on blocks TensorRT-LLM does not have.
+
+The core's token values inside the executor only matter for its stop checks: stop
+tokens and lengths end requests in TensorRT-LLM's own sampler, and the core learns of
+it when the request leaves ``active_requests`` (or reaches ``max_tokens`` itself at the
+same step). Requests are named ``str(py_request_id)`` in the core.
+
+Not thread-safe: the executor's loop thread calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.core.errors import AdmissionError, OverloadedError
+from orchestrator.core.output import SchedulerOutput, StepResult
+from orchestrator.core.predictor import features_of
+from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core.sched.scheduler import Scheduler
+from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.ranks import Decision, RankLink
+
+logger = logging.getLogger(__name__)
+
+# The SchedulerOutput fields this adapter fills, by name; a release whose tuple has any
+# other field is refused by the version gate (install.check_interface).
+KNOWN_OUTPUT_FIELDS = frozenset(
+    {
+        "encoder_requests",
+        "context_requests",
+        "generation_requests",
+        "paused_requests",
+        "fitting_disagg_gen_init_requests",
+        "num_fitting_requests",
+        "scheduled_mm_encoder_items",
+    }
+)
+
+
+class AdapterError(RuntimeError):
+    """TensorRT-LLM's requests and the core's plan disagree (a bug, never bad input)."""
+
+
+@dataclass(frozen=True)
+class TrtllmTypes:
+    """What the adapter uses of the installed release: the ``SchedulerOutput``
+    namedtuple class and the ``LlmRequestState`` members it compares with."""
+
+    output_type: Any
+    context_init: Any
+    generation_in_progress: Any
+    generation_complete: Any
+
+
+class KvSource:
+    """TensorRT-LLM's KV manager as the adapter reads it: ``get_kv_cache_stats()``
+    (``max_num_blocks``, ``free_num_blocks``, ``tokens_per_block``), the call
+    ``PyExecutor``'s iteration statistics make."""
+
+    def __init__(self, kv_cache_manager: Any) -> None:
+        self._kv = kv_cache_manager
+
+    def free_blocks(self) -> int:
+        return int(self._kv.get_kv_cache_stats().free_num_blocks)
+
+
+def our_priority(llm_priority: Any) -> int:
+    """TensorRT-LLM's request priority (float in [0, 1], higher first, 0.5 default) as
+    ours, the inverse of ``llm_api.translate.llm_priority``; 0 when it is not a float
+    strictly inside (0, 1)."""
+    if not isinstance(llm_priority, float) or not 0.0 < llm_priority < 1.0:
+        return 0
+    return round(math.tan((0.5 - llm_priority) * math.pi))
+
+
+class CoreRequestScheduler:
+    """A ``RequestScheduler`` (duck-typed: ``schedule_request``, ``can_schedule``,
+    ``scheduling_state_range``) whose decisions are ``scheduler``'s.
+
+    ``clock()`` gives seconds on the core's clock (``time.monotonic`` in the worker).
+    ``facts`` (optional) supplies per-request facts; ``link`` (optional) shares rank 0's
+    decision with the other tensor-parallel ranks (on a follower, ``scheduler`` is not
+    used). With ``record``, ``history`` and ``plans`` keep each iteration's ``Decision``
+    and the core's plan (tests and the comparison script print them).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        types: TrtllmTypes,
+        kv: KvSource | None,
+        clock: Callable[[], float],
+        *,
+        facts: FactsChannel | None = None,
+        link: RankLink | None = None,
+        record: bool = False,
+    ) -> None:
+        self.scheduler = scheduler
+        self._types = types
+        self._kv = kv
+        self._clock = clock
+        self._facts = facts
+        self._link = link
+        self._plan: SchedulerOutput | None = None
+        self._plan_time = 0.0
+        self._seen: set[int] = set()  # ids queued in the core and still active
+        self._holds_kv: set[int] = set()  # ids TensorRT-LLM holds KV for
+        self._num_tokens: dict[int, int] = {}  # get_num_tokens(0) when last planned
+        self._planned: dict[int, Any] = {}  # the last plan's LlmRequests by id
+        self.refused: dict[int, str] = {}  # ids the core refused, with why
+        self.record = record
+        self.history: list[Decision] = []
+        self.plans: list[SchedulerOutput] = []
+
+    @property
+    def last_plan(self) -> SchedulerOutput | None:
+        """The core's plan of the latest iteration (``None`` before the first)."""
+        return self._plan
+
+    # ------------------------------------------------------------------ RequestScheduler
+
+    @property
+    def scheduling_state_range(self) -> tuple[Any, Any]:
+        """The half-open state range admitted to a forward batch (1.3 line's abstract
+        property): context start up to generation complete, as TensorRT-LLM's own
+        capacity schedulers use (``no_schedule_until_state`` /
+        ``no_schedule_after_state``)."""
+        return (self._types.context_init, self._types.generation_complete)
+
+    def can_schedule(self, requests: Sequence[Any]) -> bool:
+        """Attention-DP balancing asks whether this rank could take ``requests``: yes
+        while the core's KV pool has room for all their tokens (attention DP is not a
+        checked configuration; this answers conservatively)."""
+        kv = self.scheduler.kv
+        need = sum(kv.blocks_for(int(r.get_num_tokens(0))) for r in requests)
+        return need <= kv.num_free_blocks
+
+    def schedule_request(self, active_requests: Sequence[Any], inflight_request_ids: Any) -> Any:
+        by_id = {int(r.py_request_id): r for r in active_requests}
+        if self._link is not None and not self._link.is_leader:
+            return self._output(self._link.share(None), by_id)
+        now = self._clock()
+        self._apply_previous(by_id, now)
+        self._queue_new(active_requests, now)
+        plan = self.scheduler.schedule(now)
+        decision = self._decide(plan, by_id)
+        self._plan, self._plan_time = plan, now
+        if self._link is not None:
+            decision = self._link.share(decision)
+        if self.record:
+            self.history.append(decision)
+            self.plans.append(plan)
+        return self._output(decision, by_id)
+
+    # ------------------------------------------------------------------ steps
+
+    def _apply_previous(self, by_id: dict[int, Any], now: float) -> None:
+        """Step 1: the previous iteration's outcome into the core. Tokens are read from
+        the planned ``LlmRequest`` objects, which keep them after TensorRT-LLM ended a
+        request; then requests still live in the core but gone from
+        ``active_requests`` (cancelled, or stopped by TensorRT-LLM) are aborted."""
+        plan = self._plan
+        if plan is not None:
+            sampled: dict[str, int] = {}
+            failed: dict[str, str] = {}
+            for s in plan.scheduled:
+                if not s.sample:
+                    continue
+                rid = int(s.request_id)
+                req = self._planned[rid]
+                if int(req.get_num_tokens(0)) > self._num_tokens[rid]:
+                    sampled[s.request_id] = int(req.get_tokens(0)[-1])
+                elif rid in by_id:
+                    failed[s.request_id] = "TensorRT-LLM produced no token where the plan sampled"
+                # else: ended without a token (cancelled); aborted below
+            duration = now - self._plan_time if plan.scheduled else 0.0
+            if plan.scheduled:
+                self.scheduler.predictor.observe(features_of(plan), duration)
+            free = self._kv.free_blocks() if self._kv is not None else None
+            gone = {s.request_id for s in plan.scheduled if int(s.request_id) not in by_id}
+            for rid_str in gone - sampled.keys():
+                self.scheduler.abort(rid_str, now)  # cancelled during the iteration
+            result = StepResult(sampled, duration, failed=failed, kv_free_blocks=free)
+            self.scheduler.update(plan, result, now)
+        for rid in [r for r in self._seen if r not in by_id]:
+            self._seen.discard(rid)
+            self._holds_kv.discard(rid)
+            self._num_tokens.pop(rid, None)
+            self.scheduler.abort(str(rid), now)  # no-op for a request the core finished
+
+    def _queue_new(self, active_requests: Iterable[Any], now: float) -> None:
+        """Step 2: requests the core has not seen join its waiting queue."""
+        start, stop = self.scheduling_state_range
+        for req in active_requests:
+            rid = int(req.py_request_id)
+            if rid in self._seen or rid in self.refused:
+                continue
+            if not start.value <= req.state.value < stop.value:
+                continue
+            facts = self._facts.take(rid) if self._facts is not None else None
+            request = self._request_from(req, facts, now)
+            try:
+                self.scheduler.add_request(request, now)
+            except (AdmissionError, OverloadedError) as err:
+                # The serving side admitted it under the same limits; say why and leave
+                # it unscheduled rather than stop the loop.
+                self.refused[rid] = str(err)
+                logger.error("in-executor scheduler refused request %d: %s", rid, err)
+                continue
+            self._seen.add(rid)
+
+    def _request_from(self, req: Any, facts: RequestFacts | None, now: float) -> Request:
+        tokens = [int(t) for t in req.get_tokens(0)]
+        if facts is None:
+            facts = RequestFacts(priority=our_priority(getattr(req, "priority", None)))
+        arrival = facts.arrival_time if facts.arrival_time is not None else now
+        return Request(
+            str(int(req.py_request_id)),
+            tokens,
+            # No stop ids: TensorRT-LLM's sampler ends requests on theirs.
+            SamplingParams(max_tokens=int(req.max_new_tokens), temperature=0),
+            priority=facts.priority,
+            arrival_time=arrival,
+            slo_class=facts.slo_class,
+            tenant=facts.tenant,
+        )
+
+    def _decide(self, plan: SchedulerOutput, by_id: dict[int, Any]) -> Decision:
+        """Step 4, by id: our plan checked against TensorRT-LLM's requests."""
+        context: list[tuple[int, int]] = []
+        generation: list[int] = []
+        self._planned = {}
+        for s in plan.scheduled:
+            rid = int(s.request_id)
+            req = by_id.get(rid)
+            if req is None:
+                raise AdapterError(f"the plan schedules request {rid}, which is not active")
+            state = req.state
+            if state == self._types.context_init:
+                position = int(req.context_current_position)
+                if position != s.start_position:
+                    raise AdapterError(
+                        f"request {rid}: the plan starts its chunk at {s.start_position}, "
+                        f"TensorRT-LLM's context position is {position}"
+                    )
+                context.append((rid, s.num_tokens))
+            elif state == self._types.generation_in_progress and s.num_tokens == 1:
+                generation.append(rid)
+            else:
+                raise AdapterError(
+                    f"request {rid}: the plan gives it {s.num_tokens} tokens in state {state}"
+                )
+            self._holds_kv.add(rid)
+            self._planned[rid] = req
+            self._num_tokens[rid] = int(req.get_num_tokens(0))
+        paused = [int(p) for p in plan.preempted_ids if int(p) in self._holds_kv]
+        for rid in paused:
+            self._holds_kv.discard(rid)
+        return Decision(tuple(context), tuple(generation), tuple(paused))
+
+    def _output(self, decision: Decision, by_id: dict[int, Any]) -> Any:
+        """The release's ``SchedulerOutput`` for ``decision`` (fields filled by name)."""
+        context = []
+        for rid, chunk in decision.context:
+            req = by_id[rid]
+            req.context_chunk_size = chunk
+            context.append(req)
+        generation = [by_id[rid] for rid in decision.generation]
+        paused = [by_id[rid] for rid in decision.paused if rid in by_id]
+        values = {
+            "encoder_requests": [],
+            "context_requests": context,
+            "generation_requests": generation,
+            "paused_requests": paused,
+            "fitting_disagg_gen_init_requests": [],
+            "num_fitting_requests": len(context) + len(generation),
+            "scheduled_mm_encoder_items": None,
+        }
+        output_type = self._types.output_type
+        return output_type(**{name: values[name] for name in output_type._fields})

@@ -1,0 +1,184 @@
+"""Put the in-executor scheduler where TensorRT-LLM builds its own, behind a version gate.
+
+TensorRT-LLM has no plug-in point for the request scheduler: its
+``docs/source/torch/scheduler.md`` says to write a ``RequestScheduler`` and change
+``create_py_executor_instance`` in ``tensorrt_llm/_torch/pyexecutor/_util.py``, which
+builds ``SimpleScheduler(capacity_scheduler, mb_scheduler)`` and passes it to
+``PyExecutor(resource_manager, scheduler, ...)`` (stored copies of ``_util.py`` read;
+the index exposes no commit id). Rather than edit TensorRT-LLM, ``install`` wraps that
+function: the ``PyExecutor`` it returns gets our scheduler as its ``scheduler``
+attribute, which ``PyExecutor._schedule`` calls each iteration. TensorRT-LLM replaces
+the attribute the same way itself when it rebuilds the KV cache manager
+(``py_executor.scheduler = scheduler`` in a stored ``_util.py``). Private API: the gate
+below names the releases whose interface this was checked against and refuses others.
+
+The wrap acts in the process that builds the executor. In-executor mode runs
+TensorRT-LLM's worker in the serving process (``TLLM_WORKER_USE_SINGLE_PROCESS=1``, the
+switch TensorRT-LLM's own tests set to reach the in-process ``PyExecutor``), so one
+tensor-parallel rank; ranks in MPI worker processes are not reached (refused at start).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from plugins.trtllm.errors import TrtllmError
+from plugins.trtllm.in_executor.adapter import KNOWN_OUTPUT_FIELDS, TrtllmTypes
+
+# Modules and names used here (also listed in plugins.trtllm.names, checked in the
+# container by check_names).
+UTIL_MODULE = "tensorrt_llm._torch.pyexecutor._util"
+SCHEDULER_MODULE = "tensorrt_llm._torch.pyexecutor.scheduler"
+LLM_REQUEST_MODULE = "tensorrt_llm._torch.pyexecutor.llm_request"
+RESOURCE_MANAGER_MODULE = "tensorrt_llm._torch.pyexecutor.resource_manager"
+FACTORY_NAME = "create_py_executor_instance"
+SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"
+
+# The releases whose scheduler interface was read and the SchedulerOutput fields each
+# has: 1.2.x, the flat scheduler.py (tensorrt_llm/_torch/pyexecutor/scheduler.py at
+# 034fffb0); the 1.3 line, the scheduler/ package (scheduler/scheduler.py at 002f3cc3).
+CHECKED_RELEASES = "1.2.x and 1.3.x (pre-releases of 1.3.0 included)"
+CHECKED_OUTPUT_FIELDS: dict[str, tuple[str, ...]] = {
+    "1.2": (
+        "context_requests",
+        "generation_requests",
+        "paused_requests",
+        "fitting_disagg_gen_init_requests",
+        "num_fitting_requests",
+    ),
+    "1.3": (
+        "encoder_requests",
+        "context_requests",
+        "generation_requests",
+        "paused_requests",
+        "fitting_disagg_gen_init_requests",
+        "num_fitting_requests",
+        "scheduled_mm_encoder_items",
+    ),
+}
+assert all(set(f) <= KNOWN_OUTPUT_FIELDS for f in CHECKED_OUTPUT_FIELDS.values())
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)")
+
+
+def release_line(version: str) -> str:
+    """``"1.2"`` or ``"1.3"`` for a checked release; ``TrtllmError`` naming the checked
+    range for any other (``1.4.0rc4``, ``1.1.0``, an unparsable string)."""
+    match = _VERSION.match(version.strip())
+    line = f"{match.group(1)}.{match.group(2)}" if match else None
+    if line not in CHECKED_OUTPUT_FIELDS:
+        raise TrtllmError(
+            f"scheduling: in_executor was checked against TensorRT-LLM {CHECKED_RELEASES}; "
+            f"the installed release is {version}. Remove executor.scheduling (or set it "
+            "to front) to let TensorRT-LLM's own scheduler run under ours, or install a "
+            "checked release"
+        )
+    return line
+
+
+def check_interface(line: str, output_type: Any, request_scheduler: Any) -> None:
+    """Refuse a release whose scheduler interface is not the one read for ``line``:
+    its ``SchedulerOutput`` fields and ``RequestScheduler.schedule_request``."""
+    fields = tuple(getattr(output_type, "_fields", ()))
+    if fields != CHECKED_OUTPUT_FIELDS[line]:
+        raise TrtllmError(
+            f"scheduling: in_executor: this TensorRT-LLM {line} release's SchedulerOutput "
+            f"has fields {fields}, not the {CHECKED_OUTPUT_FIELDS[line]} it was checked "
+            f"against; remove executor.scheduling to use TensorRT-LLM's own scheduler"
+        )
+    if not callable(getattr(request_scheduler, "schedule_request", None)):
+        raise TrtllmError(
+            "scheduling: in_executor: RequestScheduler.schedule_request is missing in "
+            "this TensorRT-LLM release"
+        )
+
+
+@dataclass(frozen=True)
+class Release:
+    """The installed release as the installer uses it."""
+
+    version: str
+    line: str
+    util: Any  # the _util module holding create_py_executor_instance
+    types: TrtllmTypes
+    kv_manager_key: Any  # the resource_managers key of the KV cache manager
+
+
+def load_release(import_module: Callable[[str], Any] = importlib.import_module) -> Release:
+    """Import and check the installed TensorRT-LLM (``import_module`` replaces
+    ``importlib.import_module`` in tests). Raises ``TrtllmError`` naming the checked
+    range for any other release."""
+    version = str(import_module("tensorrt_llm").__version__)
+    line = release_line(version)
+    sched = import_module(SCHEDULER_MODULE)
+    check_interface(line, sched.SchedulerOutput, sched.RequestScheduler)
+    states = import_module(LLM_REQUEST_MODULE).LlmRequestState
+    resources = import_module(RESOURCE_MANAGER_MODULE)
+    key_type = getattr(resources, "ResourceManagerType", None)
+    key = key_type.KV_CACHE_MANAGER if key_type is not None else "kv_cache_manager"
+    types = TrtllmTypes(
+        sched.SchedulerOutput,
+        states.CONTEXT_INIT,
+        states.GENERATION_IN_PROGRESS,
+        states.GENERATION_COMPLETE,
+    )
+    return Release(version, line, import_module(UTIL_MODULE), types, key)
+
+
+SchedulerFactory = Callable[[Any, Release], Any]
+"""Builds our scheduler for a new ``PyExecutor`` (the executor, the release)."""
+
+
+def install(release: Release, factory: SchedulerFactory) -> Callable[[], None]:
+    """Wrap ``create_py_executor_instance`` so that every ``PyExecutor`` it builds gets
+    ``factory(py_executor, release)`` as its scheduler; returns the undo. Also asks
+    TensorRT-LLM to run its worker in this process (the wrap reaches no other)."""
+    util = release.util
+    original = getattr(util, FACTORY_NAME)
+    if getattr(original, "_in_executor_wrapped", False):
+        raise TrtllmError("the in-executor scheduler is already installed in this process")
+
+    def create_py_executor_instance(*args: Any, **kwargs: Any) -> Any:
+        py_executor = original(*args, **kwargs)
+        if getattr(py_executor, "dist", None) is not None and _world_size(py_executor) > 1:
+            raise TrtllmError(
+                "scheduling: in_executor runs with one tensor-parallel rank in this "
+                "release of the adapter; set tensor_parallel_size: 1 or remove "
+                "executor.scheduling"
+            )
+        py_executor.scheduler = factory(py_executor, release)
+        return py_executor
+
+    create_py_executor_instance._in_executor_wrapped = True  # type: ignore[attr-defined]
+    setattr(util, FACTORY_NAME, create_py_executor_instance)
+    previous_env = os.environ.get(SINGLE_PROCESS_ENV)
+    os.environ[SINGLE_PROCESS_ENV] = "1"
+
+    def undo() -> None:
+        setattr(util, FACTORY_NAME, original)
+        if previous_env is None:
+            os.environ.pop(SINGLE_PROCESS_ENV, None)
+        else:
+            os.environ[SINGLE_PROCESS_ENV] = previous_env
+
+    return undo
+
+
+def _world_size(py_executor: Any) -> int:
+    size = getattr(py_executor.dist, "tp_size", 1)
+    return int(size) if isinstance(size, int) else 1
+
+
+def kv_cache_manager(py_executor: Any, release: Release) -> Any:
+    """The executor's KV cache manager (``resource_manager.resource_managers``, the
+    lookup ``PyExecutor``'s statistics use)."""
+    managers = py_executor.resource_manager.resource_managers
+    manager = managers.get(release.kv_manager_key)
+    if manager is None:
+        raise TrtllmError("scheduling: in_executor needs TensorRT-LLM's KV cache manager")
+    return manager
