@@ -84,6 +84,7 @@ class FakeLlmRequest:
 
     def __init__(self, request_id: int, prompt: list[int], max_new_tokens: int) -> None:
         self.py_request_id = request_id
+        self.py_client_id = request_id
         self.request_id = request_id
         self.tokens = list(prompt)
         self.prompt_len = len(prompt)
@@ -236,27 +237,24 @@ class FakePyExecutor:
         self.kv.prepare_resources(context, generation)
         if self.on_allocated is not None:
             self.on_allocated()
+        sampled = []
         for req in context:  # forward, then sample
             last = req.is_last_context_chunk
             req.context_current_position += req.context_chunk_size
             if last:
-                self._sample(req)
+                sampled.append(req)
                 req.state = LlmRequestState.GENERATION_IN_PROGRESS
-        for req in generation:
-            self._sample(req)
-        for req in context + generation:
-            if (
-                req.state is LlmRequestState.GENERATION_IN_PROGRESS
-                and req.num_generated >= req.max_new_tokens
-            ):
-                self._end(req)
+        self._sample(sampled + generation)
         if self.on_iteration is not None:
             self.on_iteration(out)
         return out
 
-    def _sample(self, req: FakeLlmRequest) -> None:
-        req.tokens.append(self.sampler(req))
-        req.num_generated += 1
+    def _sample(self, sampled: list[FakeLlmRequest]) -> None:
+        for req in sampled:
+            req.tokens.append(self.sampler(req))
+            req.num_generated += 1
+            if req.num_generated >= req.max_new_tokens:
+                self._end(req)
 
     def _end(self, req: FakeLlmRequest) -> None:
         req.state = LlmRequestState.GENERATION_COMPLETE

@@ -77,7 +77,9 @@ def sim_executor(num_blocks: int) -> SimExecutor:
 def plan_record(plan: SchedulerOutput) -> tuple[Any, ...]:
     """What a plan decided: (id, start, tokens, samples) per request, and the ids
     preempted and finished since the last plan (as sets: their order is not a decision)."""
-    scheduled = tuple((s.request_id, s.start_position, s.num_tokens, s.sample) for s in plan.scheduled)
+    scheduled = tuple(
+        (s.request_id, s.start_position, s.num_tokens, s.sample) for s in plan.scheduled
+    )
     return scheduled, frozenset(plan.preempted_ids), frozenset(plan.finished_ids)
 
 
@@ -123,7 +125,11 @@ class InExecutorRun:
 
 
 def run_in_executor(
-    jobs: list[Job], config: SchedulerConfig, num_blocks: int, max_steps: int = 5000, line: str = "1.3"
+    jobs: list[Job],
+    config: SchedulerConfig,
+    num_blocks: int,
+    max_steps: int = 5000,
+    line: str = "1.3",
 ) -> InExecutorRun:
     """The decisions of our scheduler inside the fake executor loop, one per iteration."""
     from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
@@ -181,7 +187,9 @@ def run_in_executor(
 
 def describe(record: tuple[Any, ...]) -> str:
     scheduled, preempted, finished = record
-    parts = [f"{rid}:{'+' if start == 0 and n > 1 else ''}{n}@{start}" for rid, start, n, _ in scheduled]
+    parts = [
+        f"{rid}:{'+' if start == 0 and n > 1 else ''}{n}@{start}" for rid, start, n, _ in scheduled
+    ]
     text = " ".join(parts) or "-"
     if preempted:
         text += f" | preempted {sorted(preempted, key=int)}"

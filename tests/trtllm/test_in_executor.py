@@ -67,9 +67,13 @@ def make_loop(
     return loop, adapter, clock
 
 
-def submit(loop: FakePyExecutor, facts: FactsChannel, rid: int, prompt_len: int, max_tokens: int, **kw: Any) -> None:
+def submit(
+    loop: FakePyExecutor, facts: FactsChannel, rid: int, prompt_len: int, max_tokens: int, **kw: Any
+) -> None:
     with facts.submitting() as staged:
-        loop.submit(FakeLlmRequest(rid, [(5 * i + rid) % 997 + 1 for i in range(prompt_len)], max_tokens))
+        loop.submit(
+            FakeLlmRequest(rid, [(5 * i + rid) % 997 + 1 for i in range(prompt_len)], max_tokens)
+        )
         staged[rid] = RequestFacts(**kw)
 
 
@@ -89,7 +93,11 @@ def run(loop: FakePyExecutor, max_iterations: int = 2000) -> list[Any]:
     [
         (1, {"policy": "priority", "max_num_tokens": 256, "chunk_size": 128}, 40),
         (2, {"policy": "fcfs", "max_num_tokens": 192, "chunk_size": 64, "max_batch_size": 6}, 26),
-        (3, {"policy": "priority", "max_num_tokens": 160, "chunk_size": 96, "aging_rate": 20.0}, 26),
+        (
+            3,
+            {"policy": "priority", "max_num_tokens": 160, "chunk_size": 96, "aging_rate": 20.0},
+            26,
+        ),
     ],
 )
 def test_same_decisions_as_engine_core_on_the_sim_executor(
@@ -176,7 +184,9 @@ def test_kv_pressure_pauses_in_tensorrt_llm_and_the_request_resumes_by_recompute
 
 def test_aging_bounds_a_low_priority_wait_inside_the_loop() -> None:
     facts = FactsChannel()
-    loop, adapter, clock = make_loop(facts=facts, policy="priority", aging_rate=50.0, max_batch_size=1)
+    loop, adapter, _ = make_loop(
+        facts=facts, policy="priority", aging_rate=50.0, max_batch_size=1
+    )
     submit(loop, facts, 100, 8, 2, priority=3)
     for i in range(40):
         submit(loop, facts, i + 1, 8, 2, priority=0)
@@ -211,7 +221,11 @@ def test_two_ranks_follow_rank_zero() -> None:
         trt_kv = FakeKvCacheManager(12, BS)
         clock = VirtualClock()
         adapter = CoreRequestScheduler(
-            Scheduler(SchedulerConfig(policy="priority", max_num_tokens=96, chunk_size=48), KvMirror(12, BS), 1 << 16),
+            Scheduler(
+                SchedulerConfig(policy="priority", max_num_tokens=96, chunk_size=48),
+                KvMirror(12, BS),
+                1 << 16,
+            ),
             types(),
             KvSource(trt_kv),
             clock.now,
@@ -222,7 +236,9 @@ def test_two_ranks_follow_rank_zero() -> None:
         loops.append(FakePyExecutor(adapter, trt_kv, position_sampler(1000)))
     for rid, (n, out, prio) in enumerate([(60, 30, 1), (100, 20, 0), (20, 50, 2)], start=1):
         for loop in loops:
-            loop.submit(FakeLlmRequest(rid, list(range(1, n + 1)), out))
+            req = FakeLlmRequest(rid, list(range(1, n + 1)), out)
+            req.priority = llm_priority(prio)  # type: ignore[attr-defined]
+            loop.submit(req)
     steps = 0
     while loops[0].has_work():
         outs = [loop.iterate() for loop in loops]  # rank 0 first, as the broadcast needs
@@ -298,9 +314,13 @@ def test_other_releases_are_refused_naming_the_checked_range(version: str) -> No
 
 
 def test_an_interface_other_than_the_one_read_is_refused() -> None:
-    inst.check_interface("1.2", OUTPUT_TYPES["1.2"], pytypes.SimpleNamespace(schedule_request=print))
+    inst.check_interface(
+        "1.2", OUTPUT_TYPES["1.2"], pytypes.SimpleNamespace(schedule_request=print)
+    )
     with pytest.raises(TrtllmError, match="SchedulerOutput has fields"):
-        inst.check_interface("1.2", OUTPUT_TYPES["1.3"], pytypes.SimpleNamespace(schedule_request=print))
+        inst.check_interface(
+            "1.2", OUTPUT_TYPES["1.3"], pytypes.SimpleNamespace(schedule_request=print)
+        )
     with pytest.raises(TrtllmError, match="schedule_request is missing"):
         inst.check_interface("1.3", OUTPUT_TYPES["1.3"], object())
 
@@ -311,11 +331,12 @@ def fake_release_modules(version: str) -> dict[str, Any]:
     class PyExecutor:
         def __init__(self) -> None:
             self.scheduler: Any = "SimpleScheduler"
-            self.dist = pytypes.SimpleNamespace(tp_size=1)
+            self.dist = pytypes.SimpleNamespace(tp_size=1, pp_size=1)
+            self.disable_overlap_scheduler = True
             kv = FakeKvCacheManager(8, BS)
             self.resource_manager = pytypes.SimpleNamespace(resource_managers={"KV": kv})
 
-    util = pytypes.SimpleNamespace(create_py_executor_instance=lambda *a, **k: PyExecutor())
+    creator = pytypes.SimpleNamespace(create_py_executor_instance=lambda *a, **k: PyExecutor())
     return {
         "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
         inst.SCHEDULER_MODULE: pytypes.SimpleNamespace(
@@ -326,7 +347,7 @@ def fake_release_modules(version: str) -> dict[str, Any]:
         inst.RESOURCE_MANAGER_MODULE: pytypes.SimpleNamespace(
             ResourceManagerType=pytypes.SimpleNamespace(KV_CACHE_MANAGER="KV")
         ),
-        inst.UTIL_MODULE: util,
+        inst.CREATOR_MODULE: creator,
     }
 
 
@@ -349,12 +370,12 @@ def test_install_puts_our_scheduler_on_every_executor_built_and_undo_restores(
 
     undo = inst.install(release, factory)
     assert os.environ[inst.SINGLE_PROCESS_ENV] == "1"
-    built = modules[inst.UTIL_MODULE].create_py_executor_instance()
+    built = modules[inst.CREATOR_MODULE].create_py_executor_instance()
     assert isinstance(built.scheduler, CoreRequestScheduler)
     with pytest.raises(TrtllmError, match="already installed"):
         inst.install(release, factory)
     undo()
-    assert modules[inst.UTIL_MODULE].create_py_executor_instance().scheduler == "SimpleScheduler"
+    assert modules[inst.CREATOR_MODULE].create_py_executor_instance().scheduler == "SimpleScheduler"
     assert inst.SINGLE_PROCESS_ENV not in os.environ
 
 
@@ -362,3 +383,21 @@ def test_load_release_refuses_an_unchecked_release_before_touching_anything() ->
     modules = fake_release_modules("1.4.0rc4")
     with pytest.raises(TrtllmError, match=r"checked against TensorRT-LLM 1\.2\.x and 1\.3\.x"):
         inst.load_release(modules.__getitem__)
+
+
+@pytest.mark.parametrize(
+    ("dist", "overlap_off", "match"),
+    [
+        ({"tp_size": 2, "pp_size": 1}, True, "one tensor- and pipeline-parallel rank"),
+        ({"tp_size": 1, "pp_size": 2}, True, "one tensor- and pipeline-parallel rank"),
+        ({"tp_size": 1, "pp_size": 1}, False, "overlap scheduler off"),
+    ],
+)
+def test_an_executor_the_adapter_cannot_schedule_is_refused_at_start(
+    dist: dict[str, int], overlap_off: bool, match: str
+) -> None:
+    py_executor = pytypes.SimpleNamespace(
+        dist=pytypes.SimpleNamespace(**dist), disable_overlap_scheduler=overlap_off
+    )
+    with pytest.raises(TrtllmError, match=match):
+        inst.check_executor(py_executor)

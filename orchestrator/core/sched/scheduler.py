@@ -295,6 +295,9 @@ class Scheduler:
             start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
             request.sampling,
             request.priority,
+            request.slo_class,
+            request.tenant,
+            request.arrival_time,
         )
         step.budget -= n
 

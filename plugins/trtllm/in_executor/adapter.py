@@ -23,13 +23,16 @@ boundary between two iterations; it:
    hold KV in TensorRT-LLM as ``paused_requests``.
 
 The core's KV pool is a ``KvMirror`` of TensorRT-LLM's; each iteration TensorRT-LLM's
-own free count is handed to the core (``StepResult.kv_free_blocks``), so admission never
-counts on blocks TensorRT-LLM does not have.
+own free count is handed to it after the core has freed what ended
+(``observe_executor_free``), so neither admission nor allocation counts on blocks
+TensorRT-LLM does not have.
 
-The core's token values inside the executor only matter for its stop checks: stop
-tokens and lengths end requests in TensorRT-LLM's own sampler, and the core learns of
-it when the request leaves ``active_requests`` (or reaches ``max_tokens`` itself at the
-same step). Requests are named ``str(py_request_id)`` in the core.
+The core reads no token value inside the executor: stop tokens end requests in
+TensorRT-LLM's own sampler, and the core learns of it when the request leaves
+``active_requests`` (it reaches ``max_tokens`` itself at the same step). It does need
+each step's token to be visible at the next call, so the overlap scheduler (which copies
+tokens to the host an iteration late) is refused at installation. Requests are named ``str(py_request_id)`` in the core; facts are looked up by
+``py_client_id`` (the id the LLM API's result carries), else ``py_request_id``.
 
 Not thread-safe: the executor's loop thread calls it.
 """
@@ -138,6 +141,7 @@ class CoreRequestScheduler:
         self._num_tokens: dict[int, int] = {}  # get_num_tokens(0) when last planned
         self._planned: dict[int, Any] = {}  # the last plan's LlmRequests by id
         self.refused: dict[int, str] = {}  # ids the core refused, with why
+        self.num_without_facts = 0  # requests queued with no facts in the channel
         self.record = record
         self.history: list[Decision] = []
         self.plans: list[SchedulerOutput] = []
@@ -201,22 +205,26 @@ class CoreRequestScheduler:
                 if int(req.get_num_tokens(0)) > self._num_tokens[rid]:
                     sampled[s.request_id] = int(req.get_tokens(0)[-1])
                 elif rid in by_id:
-                    failed[s.request_id] = "TensorRT-LLM produced no token where the plan sampled"
-                # else: ended without a token (cancelled); aborted below
+                    # Never expected (install refuses the overlap scheduler, under which
+                    # tokens reach the host an iteration late): the core ends it.
+                    failed[s.request_id] = "TensorRT-LLM showed no token for this step"
+                    logger.error("request %d sampled no visible token", rid)
+                # else: it ended without a token (cancelled); aborted below
             duration = now - self._plan_time if plan.scheduled else 0.0
             if plan.scheduled:
                 self.scheduler.predictor.observe(features_of(plan), duration)
-            free = self._kv.free_blocks() if self._kv is not None else None
             gone = {s.request_id for s in plan.scheduled if int(s.request_id) not in by_id}
             for rid_str in gone - sampled.keys():
                 self.scheduler.abort(rid_str, now)  # cancelled during the iteration
-            result = StepResult(sampled, duration, failed=failed, kv_free_blocks=free)
-            self.scheduler.update(plan, result, now)
+            self.scheduler.update(plan, StepResult(sampled, duration, failed=failed), now)
         for rid in [r for r in self._seen if r not in by_id]:
             self._seen.discard(rid)
             self._holds_kv.discard(rid)
             self._num_tokens.pop(rid, None)
             self.scheduler.abort(str(rid), now)  # no-op for a request the core finished
+        if self._kv is not None:
+            # Read after the core freed what ended: TensorRT-LLM may free it later.
+            self.scheduler.kv.observe_executor_free(self._kv.free_blocks())
 
     def _queue_new(self, active_requests: Iterable[Any], now: float) -> None:
         """Step 2: requests the core has not seen join its waiting queue."""
@@ -227,7 +235,11 @@ class CoreRequestScheduler:
                 continue
             if not start.value <= req.state.value < stop.value:
                 continue
-            facts = self._facts.take(rid) if self._facts is not None else None
+            facts = None
+            if self._facts is not None:
+                facts = self._facts.take(int(getattr(req, "py_client_id", None) or rid))
+                if facts is None:
+                    self.num_without_facts += 1
             request = self._request_from(req, facts, now)
             try:
                 self.scheduler.add_request(request, now)
@@ -266,6 +278,8 @@ class CoreRequestScheduler:
             if req is None:
                 raise AdapterError(f"the plan schedules request {rid}, which is not active")
             state = req.state
+            if state.value > self._types.generation_in_progress.value:
+                continue  # ended in TensorRT-LLM's sampler; it leaves active_requests next
             if state == self._types.context_init:
                 position = int(req.context_current_position)
                 if position != s.start_position:

@@ -6,11 +6,16 @@ TensorRT-LLM has no plug-in point for the request scheduler: its
 builds ``SimpleScheduler(capacity_scheduler, mb_scheduler)`` and passes it to
 ``PyExecutor(resource_manager, scheduler, ...)`` (stored copies of ``_util.py`` read;
 the index exposes no commit id). Rather than edit TensorRT-LLM, ``install`` wraps that
-function: the ``PyExecutor`` it returns gets our scheduler as its ``scheduler``
-attribute, which ``PyExecutor._schedule`` calls each iteration. TensorRT-LLM replaces
-the attribute the same way itself when it rebuilds the KV cache manager
-(``py_executor.scheduler = scheduler`` in a stored ``_util.py``). Private API: the gate
-below names the releases whose interface this was checked against and refuses others.
+function where it is called: ``tensorrt_llm/_torch/pyexecutor/py_executor_creator.py``
+imports it by name (``from ._util import (..., create_py_executor_instance, ...)``), so
+the wrap replaces ``py_executor_creator.create_py_executor_instance``, as TensorRT-LLM's
+own tests do (``monkeypatch.setattr(py_executor_creator,
+"create_py_executor_instance", ...)``). The ``PyExecutor`` it returns gets our scheduler
+as its ``scheduler`` attribute, which ``PyExecutor._schedule`` calls each iteration
+(TensorRT-LLM sets the attribute the same way itself when an older ``_util.py``
+rebuilds the KV cache manager: ``py_executor.scheduler = scheduler``). Private API: the
+gate below names the releases whose interface this was checked against and refuses
+others.
 
 The wrap acts in the process that builds the executor. In-executor mode runs
 TensorRT-LLM's worker in the serving process (``TLLM_WORKER_USE_SINGLE_PROCESS=1``, the
@@ -32,12 +37,13 @@ from plugins.trtllm.in_executor.adapter import KNOWN_OUTPUT_FIELDS, TrtllmTypes
 
 # Modules and names used here (also listed in plugins.trtllm.names, checked in the
 # container by check_names).
-UTIL_MODULE = "tensorrt_llm._torch.pyexecutor._util"
+CREATOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
 SCHEDULER_MODULE = "tensorrt_llm._torch.pyexecutor.scheduler"
 LLM_REQUEST_MODULE = "tensorrt_llm._torch.pyexecutor.llm_request"
 RESOURCE_MANAGER_MODULE = "tensorrt_llm._torch.pyexecutor.resource_manager"
 FACTORY_NAME = "create_py_executor_instance"
 SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"
+OVERLAP_OPTION = "disable_overlap_scheduler"  # the LLM option (TorchLlmArgs field)
 
 # The releases whose scheduler interface was read and the SchedulerOutput fields each
 # has: 1.2.x, the flat scheduler.py (tensorrt_llm/_torch/pyexecutor/scheduler.py at
@@ -104,7 +110,7 @@ class Release:
 
     version: str
     line: str
-    util: Any  # the _util module holding create_py_executor_instance
+    creator: Any  # py_executor_creator, which calls create_py_executor_instance
     types: TrtllmTypes
     kv_manager_key: Any  # the resource_managers key of the KV cache manager
 
@@ -127,7 +133,7 @@ def load_release(import_module: Callable[[str], Any] = importlib.import_module) 
         states.GENERATION_IN_PROGRESS,
         states.GENERATION_COMPLETE,
     )
-    return Release(version, line, import_module(UTIL_MODULE), types, key)
+    return Release(version, line, import_module(CREATOR_MODULE), types, key)
 
 
 SchedulerFactory = Callable[[Any, Release], Any]
@@ -138,29 +144,24 @@ def install(release: Release, factory: SchedulerFactory) -> Callable[[], None]:
     """Wrap ``create_py_executor_instance`` so that every ``PyExecutor`` it builds gets
     ``factory(py_executor, release)`` as its scheduler; returns the undo. Also asks
     TensorRT-LLM to run its worker in this process (the wrap reaches no other)."""
-    util = release.util
-    original = getattr(util, FACTORY_NAME)
+    creator = release.creator
+    original = getattr(creator, FACTORY_NAME)
     if getattr(original, "_in_executor_wrapped", False):
         raise TrtllmError("the in-executor scheduler is already installed in this process")
 
     def create_py_executor_instance(*args: Any, **kwargs: Any) -> Any:
         py_executor = original(*args, **kwargs)
-        if getattr(py_executor, "dist", None) is not None and _world_size(py_executor) > 1:
-            raise TrtllmError(
-                "scheduling: in_executor runs with one tensor-parallel rank in this "
-                "release of the adapter; set tensor_parallel_size: 1 or remove "
-                "executor.scheduling"
-            )
+        check_executor(py_executor)
         py_executor.scheduler = factory(py_executor, release)
         return py_executor
 
     create_py_executor_instance._in_executor_wrapped = True  # type: ignore[attr-defined]
-    setattr(util, FACTORY_NAME, create_py_executor_instance)
+    setattr(creator, FACTORY_NAME, create_py_executor_instance)
     previous_env = os.environ.get(SINGLE_PROCESS_ENV)
     os.environ[SINGLE_PROCESS_ENV] = "1"
 
     def undo() -> None:
-        setattr(util, FACTORY_NAME, original)
+        setattr(creator, FACTORY_NAME, original)
         if previous_env is None:
             os.environ.pop(SINGLE_PROCESS_ENV, None)
         else:
@@ -169,9 +170,24 @@ def install(release: Release, factory: SchedulerFactory) -> Callable[[], None]:
     return undo
 
 
-def _world_size(py_executor: Any) -> int:
-    size = getattr(py_executor.dist, "tp_size", 1)
-    return int(size) if isinstance(size, int) else 1
+def check_executor(py_executor: Any) -> None:
+    """Refuse an executor the adapter cannot schedule: more than one tensor- or
+    pipeline-parallel rank (the wrap reaches one process), or the overlap scheduler on
+    (``disable_overlap_scheduler`` false: each step's tokens reach the host an iteration
+    late, after the next schedule, and the core needs them at the next call)."""
+    dist = getattr(py_executor, "dist", None)
+    sizes = [getattr(dist, name, 1) for name in ("tp_size", "pp_size")]
+    if any(isinstance(n, int) and n > 1 for n in sizes):
+        raise TrtllmError(
+            "scheduling: in_executor runs on one tensor- and pipeline-parallel rank; set "
+            "tensor_parallel_size and pipeline_parallel_size to 1, or remove "
+            "executor.scheduling"
+        )
+    if getattr(py_executor, "disable_overlap_scheduler", True) is False:
+        raise TrtllmError(
+            "scheduling: in_executor needs TensorRT-LLM's overlap scheduler off "
+            f"({OVERLAP_OPTION}=True, which the executor passes); this executor has it on"
+        )
 
 
 def kv_cache_manager(py_executor: Any, release: Release) -> Any:
