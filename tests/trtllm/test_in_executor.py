@@ -184,9 +184,7 @@ def test_kv_pressure_pauses_in_tensorrt_llm_and_the_request_resumes_by_recompute
 
 def test_aging_bounds_a_low_priority_wait_inside_the_loop() -> None:
     facts = FactsChannel()
-    loop, adapter, _ = make_loop(
-        facts=facts, policy="priority", aging_rate=50.0, max_batch_size=1
-    )
+    loop, adapter, _ = make_loop(facts=facts, policy="priority", aging_rate=50.0, max_batch_size=1)
     submit(loop, facts, 100, 8, 2, priority=3)
     for i in range(40):
         submit(loop, facts, i + 1, 8, 2, priority=0)
@@ -340,7 +338,7 @@ def fake_release_modules(version: str) -> dict[str, Any]:
     return {
         "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
         inst.SCHEDULER_MODULE: pytypes.SimpleNamespace(
-            SchedulerOutput=OUTPUT_TYPES["1.3"],
+            SchedulerOutput=OUTPUT_TYPES["1.2" if version.startswith("1.2") else "1.3"],
             RequestScheduler=pytypes.SimpleNamespace(schedule_request=print),
         ),
         inst.LLM_REQUEST_MODULE: pytypes.SimpleNamespace(LlmRequestState=LlmRequestState),
@@ -401,3 +399,92 @@ def test_an_executor_the_adapter_cannot_schedule_is_refused_at_start(
     )
     with pytest.raises(TrtllmError, match=match):
         inst.check_executor(py_executor)
+
+
+# ---------------------------------------------------------------- check_names, in-executor mode
+
+
+def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
+    """Stand-ins for the private modules with the names check_names looks for."""
+    from plugins.trtllm import names
+
+    class RequestScheduler:
+        def schedule_request(self) -> None: ...
+
+        def can_schedule(self) -> None: ...
+
+    class LlmRequest:
+        state = get_tokens = get_num_tokens = max_new_tokens = None
+        context_current_position = context_chunk_size = None
+
+    class PyExecutor:
+        def _schedule(self) -> None: ...
+
+        def _pause_requests(self) -> None: ...
+
+    class KVCacheManager:
+        def get_kv_cache_stats(self) -> None: ...
+
+    class TorchLlmArgs:
+        disable_overlap_scheduler = False
+
+    modules: dict[str, Any] = {
+        "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
+        names.IN_EXECUTOR_SCHEDULER_MODULE: pytypes.SimpleNamespace(
+            SchedulerOutput=OUTPUT_TYPES["1.2"], RequestScheduler=RequestScheduler
+        ),
+        names.IN_EXECUTOR_LLM_REQUEST_MODULE: pytypes.SimpleNamespace(
+            LlmRequestState=LlmRequestState, LlmRequest=LlmRequest
+        ),
+        names.IN_EXECUTOR_CREATOR_MODULE: pytypes.SimpleNamespace(
+            create_py_executor_instance=print
+        ),
+        names.IN_EXECUTOR_PY_EXECUTOR_MODULE: pytypes.SimpleNamespace(PyExecutor=PyExecutor),
+        names.IN_EXECUTOR_RESOURCE_MANAGER_MODULE: pytypes.SimpleNamespace(
+            KVCacheManager=KVCacheManager
+        ),
+        names.LLM_API_MODULE: pytypes.SimpleNamespace(TorchLlmArgs=TorchLlmArgs),
+    }
+    modules.update(replaced)
+    return modules
+
+
+def check(modules: dict[str, Any]) -> tuple[int, str]:
+    import io
+
+    from plugins.trtllm import check_names
+
+    def import_module(name: str) -> Any:
+        if modules.get(name) is None:
+            raise ImportError(f"No module named {name!r}")
+        return modules[name]
+
+    out = io.StringIO()
+    status = check_names.main(["--mode", "in-executor"], import_module=import_module, out=out)
+    return status, out.getvalue()
+
+
+def test_check_names_in_executor_mode_passes_on_the_names_read() -> None:
+    from plugins.trtllm.names import IN_EXECUTOR_NAMES
+
+    status, text = check(private_modules("1.2.1"))
+    assert status == 0, text
+    expected = 1 + sum(len(e.names) + (1 if e.owner else 0) for e in IN_EXECUTOR_NAMES) + 1
+    assert sum(line.startswith("OK ") for line in text.splitlines()) == expected
+    assert "py_request_id, py_client_id" in text
+
+
+def test_check_names_in_executor_mode_reports_an_unchecked_release_and_a_missing_name() -> None:
+    from plugins.trtllm import names
+
+    status, text = check(private_modules("1.4.0rc4"))
+    assert status == 1 and "1.2.x and 1.3.x" in text
+    modules = private_modules("1.3.0rc27")  # a 1.3 release with the 1.2 tuple: refused
+    status, text = check(modules)
+    assert status == 1 and "SchedulerOutput has fields" in text
+    modules = private_modules(
+        "1.2.1",
+        **{names.IN_EXECUTOR_CREATOR_MODULE: pytypes.SimpleNamespace()},
+    )
+    status, text = check(modules)
+    assert status == 1 and "has no create_py_executor_instance" in text

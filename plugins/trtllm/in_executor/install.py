@@ -34,16 +34,24 @@ from typing import Any
 
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor.adapter import KNOWN_OUTPUT_FIELDS, TrtllmTypes
+from plugins.trtllm.names import (
+    IN_EXECUTOR_CREATOR_MODULE,
+    IN_EXECUTOR_FACTORY,
+    IN_EXECUTOR_LLM_OPTIONS,
+    IN_EXECUTOR_LLM_REQUEST_MODULE,
+    IN_EXECUTOR_RESOURCE_MANAGER_MODULE,
+    IN_EXECUTOR_SCHEDULER_MODULE,
+)
 
-# Modules and names used here (also listed in plugins.trtllm.names, checked in the
-# container by check_names).
-CREATOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
-SCHEDULER_MODULE = "tensorrt_llm._torch.pyexecutor.scheduler"
-LLM_REQUEST_MODULE = "tensorrt_llm._torch.pyexecutor.llm_request"
-RESOURCE_MANAGER_MODULE = "tensorrt_llm._torch.pyexecutor.resource_manager"
-FACTORY_NAME = "create_py_executor_instance"
+# Modules and names used here, as plugins.trtllm.names lists them (check_names checks
+# them in the container).
+CREATOR_MODULE = IN_EXECUTOR_CREATOR_MODULE
+SCHEDULER_MODULE = IN_EXECUTOR_SCHEDULER_MODULE
+LLM_REQUEST_MODULE = IN_EXECUTOR_LLM_REQUEST_MODULE
+RESOURCE_MANAGER_MODULE = IN_EXECUTOR_RESOURCE_MANAGER_MODULE
+FACTORY_NAME = IN_EXECUTOR_FACTORY
 SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"
-OVERLAP_OPTION = "disable_overlap_scheduler"  # the LLM option (TorchLlmArgs field)
+(OVERLAP_OPTION,) = IN_EXECUTOR_LLM_OPTIONS  # the LLM option (TorchLlmArgs field)
 
 # The releases whose scheduler interface was read and the SchedulerOutput fields each
 # has: 1.2.x, the flat scheduler.py (tensorrt_llm/_torch/pyexecutor/scheduler.py at
