@@ -2,8 +2,8 @@
 loop and through ``EngineCore`` on the sim executor, with the same core config, so the
 two decision sequences can be compared (tests, and ``scripts/compare_in_executor.py``).
 
-Both sides run the same KV allocation rule (``KvMirror``: whole prompt on the first
-chunk, TensorRT-LLM's), the same step times (the sim executor's cost model of each
+Both sides run the same KV allocation rule (``KVCacheManager(mirror_executor=True)``:
+whole prompt on the first chunk, TensorRT-LLM's), the same step times (the sim executor's cost model of each
 plan) and the same tokens (the sim executor's position rule), so any difference in
 decisions would be the adapter's.
 """
@@ -16,14 +16,20 @@ from typing import Any
 
 from orchestrator.common.deployment import Deployment
 from orchestrator.core.clock import VirtualClock
-from orchestrator.core.config import SchedulerConfig
+from orchestrator.core.config import EngineConfig, SchedulerConfig
 from orchestrator.core.engine import EngineCore
+from orchestrator.core.kv.manager import KVCacheManager
 from orchestrator.core.output import SchedulerOutput
+from orchestrator.core.predictor import StepTimePredictor
 from orchestrator.core.request import SamplingParams, Submission
 from orchestrator.core.sched.scheduler import Scheduler
 from plugins.sim_executor.executor import SimExecutor
-from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, TrtllmTypes
-from plugins.trtllm.in_executor.kv_mirror import KvMirror
+from plugins.trtllm.in_executor.adapter import (
+    CoreRequestScheduler,
+    KvSource,
+    TrtllmTypes,
+    in_loop_engine,
+)
 from tests.trtllm.fake_pyexecutor import (
     OUTPUT_TYPES,
     FakeKvCacheManager,
@@ -67,6 +73,22 @@ def types(line: str = "1.3") -> TrtllmTypes:
     )
 
 
+def loop_engine(
+    config: SchedulerConfig,
+    num_blocks: int,
+    clock: VirtualClock,
+    predictor: StepTimePredictor | None = None,
+) -> EngineCore:
+    """An ``in_loop_engine`` for ``config`` over ``num_blocks`` blocks of ``BLOCK_SIZE``."""
+    engine = EngineConfig.model_validate(
+        {
+            "cache": {"block_size": BLOCK_SIZE},
+            "executor": {"type": "sim", "model": "smollm2-135m", "hardware": "l40s"},
+        }
+    ).model_copy(update={"scheduler": config})
+    return in_loop_engine(engine, num_blocks, 1 << 16, clock, predictor)
+
+
 def sim_executor(num_blocks: int) -> SimExecutor:
     deployment = Deployment(model="smollm2-135m", hardware="l40s")
     config = SchedulerConfig()
@@ -88,7 +110,7 @@ def run_engine_core(
 ) -> list[tuple[Any, ...]]:
     """The decisions of ``EngineCore`` on the sim executor, one record per step."""
     executor = sim_executor(num_blocks)
-    kv = KvMirror(num_blocks, BLOCK_SIZE)
+    kv = KVCacheManager(num_blocks, BLOCK_SIZE, False, mirror_executor=True)
     clock = VirtualClock()
     engine = EngineCore(Scheduler(config, kv, 1 << 16), executor, clock)
     pending = list(jobs)
@@ -136,14 +158,14 @@ def run_in_executor(
 
     cost_model = sim_executor(num_blocks).cost_model
     trt_kv = FakeKvCacheManager(num_blocks, BLOCK_SIZE)
-    mirror = KvMirror(num_blocks, BLOCK_SIZE)
     clock = VirtualClock()
     facts = FactsChannel()
+    engine = loop_engine(config, num_blocks, clock)
+    mirror = engine.scheduler.kv
     adapter = CoreRequestScheduler(
-        Scheduler(config, mirror, 1 << 16),
+        engine,
         types(line),
         KvSource(trt_kv),
-        clock.now,
         facts=facts,
         record=True,
     )

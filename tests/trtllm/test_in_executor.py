@@ -13,12 +13,10 @@ import pytest
 
 from orchestrator.core.clock import VirtualClock
 from orchestrator.core.config import SchedulerConfig
-from orchestrator.core.sched.scheduler import Scheduler
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, our_priority
 from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
-from plugins.trtllm.in_executor.kv_mirror import KvMirror
 from plugins.trtllm.in_executor.ranks import DistLink
 from plugins.trtllm.llm_api.translate import llm_priority
 from tests.trtllm.fake_pyexecutor import (
@@ -32,6 +30,7 @@ from tests.trtllm.fake_pyexecutor import (
 )
 from tests.trtllm.in_executor_harness import (
     describe,
+    loop_engine,
     run_engine_core,
     run_in_executor,
     seeded_workload,
@@ -47,10 +46,9 @@ def make_loop(
     trt_kv = FakeKvCacheManager(num_blocks, BS)
     clock = VirtualClock()
     adapter = CoreRequestScheduler(
-        Scheduler(SchedulerConfig(**config), KvMirror(num_blocks, BS), 1 << 16),
+        loop_engine(SchedulerConfig(**config), num_blocks, clock),
         types(line),
         KvSource(trt_kv),
-        clock.now,
         facts=facts,
         record=True,
     )
@@ -219,14 +217,11 @@ def test_two_ranks_follow_rank_zero() -> None:
         trt_kv = FakeKvCacheManager(12, BS)
         clock = VirtualClock()
         adapter = CoreRequestScheduler(
-            Scheduler(
-                SchedulerConfig(policy="priority", max_num_tokens=96, chunk_size=48),
-                KvMirror(12, BS),
-                1 << 16,
+            loop_engine(
+                SchedulerConfig(policy="priority", max_num_tokens=96, chunk_size=48), 12, clock
             ),
             types(),
             KvSource(trt_kv),
-            clock.now,
             link=DistLink(dist, rank),
             record=rank == 0,
         )
@@ -360,10 +355,7 @@ def test_install_puts_our_scheduler_on_every_executor_built_and_undo_restores(
     def factory(py_executor: Any, rel: Any) -> Any:
         kv = inst.kv_cache_manager(py_executor, rel)
         return CoreRequestScheduler(
-            Scheduler(SchedulerConfig(), KvMirror(kv.num_blocks, BS), 4096),
-            rel.types,
-            KvSource(kv),
-            VirtualClock().now,
+            loop_engine(SchedulerConfig(), kv.num_blocks, VirtualClock()), rel.types, KvSource(kv)
         )
 
     undo = inst.install(release, factory)
@@ -488,3 +480,36 @@ def test_check_names_in_executor_mode_reports_an_unchecked_release_and_a_missing
     )
     status, text = check(modules)
     assert status == 1 and "has no create_py_executor_instance" in text
+
+
+def test_the_slo_budget_shrinks_chunks_inside_the_loop() -> None:
+    """With a request of a 30 ms TPOT class running and steps known to cost 10 ms plus
+    0.1 ms per token, a prefill beside it gets at most the tokens that keep the step
+    within 30 ms (about 200), not the 1024 the token budget allows."""
+    from orchestrator.core.predictor import ModelStepTimePredictor
+
+    trt_kv = FakeKvCacheManager(256, BS)
+    clock = VirtualClock()
+    config = SchedulerConfig(
+        max_num_tokens=1024,
+        chunk_size=1024,
+        slo_classes={"chat": {"ttft_ms": 5000, "tpot_ms": 30}},
+        slo_budget={"enabled": True},
+    )
+    predictor = ModelStepTimePredictor(lambda f: 0.010 + 0.0001 * f.num_tokens)
+    facts = FactsChannel()
+    adapter = CoreRequestScheduler(
+        loop_engine(config, 256, clock, predictor),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+        record=True,
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000))
+    submit(loop, facts, 1, 8, 30, slo_class="chat", arrival_time=0.0)
+    loop.iterate()
+    submit(loop, facts, 2, 1000, 2, slo_class="chat", arrival_time=0.0)
+    run(loop)
+    chunks = [n for d in adapter.history for rid, n in d.context if rid == 2]
+    assert sum(chunks) == 1000 and len(chunks) >= 4
+    assert max(chunks) <= 200, chunks

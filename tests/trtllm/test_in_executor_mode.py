@@ -127,3 +127,23 @@ def test_more_than_one_gpu_rank_is_refused_with_the_way_back(tmp_path: Path) -> 
         TrtllmLlmApiExecutor.resolve(options, engine)
     front = options.model_copy(update={"scheduling": "front"})
     assert TrtllmLlmApiExecutor.resolve(front, engine).in_executor is None
+
+
+def test_a_plans_facts_reach_the_channel_under_the_llms_request_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+
+    calls = LlmCalls()
+    executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch)
+    try:
+        sampling = SamplingParams(max_tokens=2, temperature=0)
+        planned = ScheduledRequest(
+            "r", prompt_of(4, 3), 0, [0], True, sampling, 2, "chat", "acme", 4.5
+        )
+        executor.execute(SchedulerOutput([planned]))
+        output = calls.submitted[-1][2]
+        facts = executor._owned[0].facts.take(output.request_id)
+        assert facts == RequestFacts(priority=2, slo_class="chat", tenant="acme", arrival_time=4.5)
+    finally:
+        executor.shutdown()

@@ -360,3 +360,21 @@ def test_admission_uses_the_executors_free_count_when_it_reports_a_tighter_one()
     sched.update(plan, StepResult({"running": 1}, 0.01, kv_free_blocks=60), clock.now())
     admitted = {s.request_id for s in sched.schedule(clock.now()).scheduled}
     assert admitted == {"running", "w0", "w1", "w2"}
+
+
+def test_plan_entries_carry_the_requests_facts() -> None:
+    # An executor that schedules inside itself with the same policies needs them.
+    engine, clock = make_engine(slo_classes={"chat": {"ttft_ms": 500, "tpot_ms": 80}})
+    engine.scheduler.add_request(
+        make_request(
+            8, 2, request_id="a", priority=3, slo_class="chat", tenant="t", arrival_time=0.5
+        ),
+        0.5,
+    )
+    (entry,) = run_step(engine, clock).plan.scheduled
+    assert (entry.priority, entry.slo_class, entry.tenant, entry.arrival_time) == (
+        3,
+        "chat",
+        "t",
+        0.5,
+    )

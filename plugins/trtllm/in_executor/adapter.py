@@ -10,22 +10,26 @@ line; ``tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py`` at ``002f3cc3`` 
 generation requests, runs the forward pass and samples. So each call here is the
 boundary between two iterations; it:
 
-1. applies the previous iteration to the core (``Scheduler.update``): each planned
-   request that sampled gets the token its ``LlmRequest`` gained; requests TensorRT-LLM
-   finished or cancelled (gone from ``active_requests``) are aborted in the core first;
-   the step's duration feeds the core's step-time predictor, as ``EngineCore.step`` does;
-2. queues requests it has not seen (``Scheduler.add_request``), with the facts the
+1. applies the previous iteration to the core (``EngineCore.finish_step``, the second
+   half of ``EngineCore.step``): each planned request that sampled gets the token its
+   ``LlmRequest`` gained, and the step's duration feeds the step-time predictor;
+   requests TensorRT-LLM ended or cancelled (gone from ``active_requests``) are aborted;
+2. queues requests it has not seen (``EngineCore.add_request``), with the facts the
    ``FactsChannel`` holds for them (priority, SLO class, tenant, arrival);
-3. runs ``Scheduler.schedule`` (ordering, token budget with the SLO budget, chunked
-   prefill, preemption: the same object and policies as every other executor);
+3. plans (``EngineCore.plan_step``, the first half of ``EngineCore.step``: ordering,
+   token budget with the SLO budget, chunked prefill, preemption, the same scheduler
+   and policies as every other executor);
 4. returns the plan as TensorRT-LLM's output: context requests with
    ``context_chunk_size`` set to our chunk, generation requests, our preemptions that
    hold KV in TensorRT-LLM as ``paused_requests``.
 
-The core's KV pool is a ``KvMirror`` of TensorRT-LLM's; each iteration TensorRT-LLM's
-own free count is handed to it after the core has freed what ended
-(``observe_executor_free``), so neither admission nor allocation counts on blocks
-TensorRT-LLM does not have.
+The core's KV manager mirrors TensorRT-LLM's (``in_loop_engine``:
+``ExecutorInfo.mirrors_executor_kv``): TensorRT-LLM's ``max_num_blocks`` blocks, a
+sequence's known tokens allocated whole on its first chunk as ``prepare_resources``
+does (``add_sequence(py_request_id, prompt_len)``, ``resource_manager.py``), prefix
+caching off (block reuse is off in this mode). Each iteration TensorRT-LLM's own free
+count is handed to it after the core has freed what ended (``observe_executor_free``),
+so neither admission nor allocation counts on blocks TensorRT-LLM does not have.
 
 The core reads no token value inside the executor: stop tokens end requests in
 TensorRT-LLM's own sampler, and the core learns of it when the request leaves
@@ -41,15 +45,24 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.errors import AdmissionError, OverloadedError
-from orchestrator.core.output import SchedulerOutput, StepResult
-from orchestrator.core.predictor import features_of
-from orchestrator.core.request import Request, SamplingParams
-from orchestrator.core.sched.scheduler import Scheduler
+from orchestrator.core import (
+    AdmissionError,
+    Clock,
+    EngineConfig,
+    EngineCore,
+    ExecutorInfo,
+    OverloadedError,
+    SamplingParams,
+    SchedulerOutput,
+    StepResult,
+    StepTimePredictor,
+    Submission,
+)
+from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
 from plugins.trtllm.in_executor.ranks import Decision, RankLink
 
@@ -97,6 +110,47 @@ class KvSource:
         return int(self._kv.get_kv_cache_stats().free_num_blocks)
 
 
+class LoopExecutor:
+    """The ``Executor`` an in-loop ``EngineCore`` is built with: ``info()`` describes
+    TensorRT-LLM's KV pool; plans run in TensorRT-LLM's own loop, which drives
+    ``plan_step`` and ``finish_step``, so ``execute`` is refused."""
+
+    def __init__(self, info: ExecutorInfo) -> None:
+        self._info = info
+
+    def info(self) -> ExecutorInfo:
+        return self._info
+
+    def execute(self, plan: SchedulerOutput) -> StepResult:
+        raise TrtllmError("in-executor scheduling: TensorRT-LLM's loop runs the plans")
+
+    def shutdown(self) -> None:
+        """Nothing to release: TensorRT-LLM owns the loop."""
+
+
+def in_loop_engine(
+    config: EngineConfig,
+    num_blocks: int,
+    max_model_len: int,
+    clock: Clock,
+    predictor: StepTimePredictor | None = None,
+) -> EngineCore:
+    """The ``EngineCore`` whose scheduler runs inside TensorRT-LLM's loop: ``config``'s
+    scheduler and cache settings (prefix caching off) over ``num_blocks`` KV blocks that
+    mirror TensorRT-LLM's manager; ``max_model_len`` in tokens."""
+    cache = config.cache.model_copy(update={"enable_prefix_caching": False})
+    model = config.model.model_copy(update={"max_model_len": max_model_len})
+    config = config.model_copy(update={"cache": cache, "model": model})
+    info = ExecutorInfo(
+        num_kv_blocks=num_blocks,
+        block_size=cache.block_size,
+        max_model_len=max_model_len,
+        owns_batching=True,
+        mirrors_executor_kv=True,
+    )
+    return EngineCore.from_config(config, LoopExecutor(info), clock, predictor)
+
+
 def our_priority(llm_priority: Any) -> int:
     """TensorRT-LLM's request priority (float in [0, 1], higher first, 0.5 default) as
     ours, the inverse of ``llm_api.translate.llm_priority``; 0 when it is not a float
@@ -108,9 +162,8 @@ def our_priority(llm_priority: Any) -> int:
 
 class CoreRequestScheduler:
     """A ``RequestScheduler`` (duck-typed: ``schedule_request``, ``can_schedule``,
-    ``scheduling_state_range``) whose decisions are ``scheduler``'s.
-
-    ``clock()`` gives seconds on the core's clock (``time.monotonic`` in the worker).
+    ``scheduling_state_range``) whose decisions are ``engine``'s (an ``in_loop_engine``),
+    on ``engine.clock`` (the wall clock in the worker).
     ``facts`` (optional) supplies per-request facts; ``link`` (optional) shares rank 0's
     decision with the other tensor-parallel ranks (on a follower, ``scheduler`` is not
     used). With ``record``, ``history`` and ``plans`` keep each iteration's ``Decision``
@@ -119,19 +172,17 @@ class CoreRequestScheduler:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        engine: EngineCore,
         types: TrtllmTypes,
         kv: KvSource | None,
-        clock: Callable[[], float],
         *,
         facts: FactsChannel | None = None,
         link: RankLink | None = None,
         record: bool = False,
     ) -> None:
-        self.scheduler = scheduler
+        self.engine = engine
         self._types = types
         self._kv = kv
-        self._clock = clock
         self._facts = facts
         self._link = link
         self._plan: SchedulerOutput | None = None
@@ -145,6 +196,11 @@ class CoreRequestScheduler:
         self.record = record
         self.history: list[Decision] = []
         self.plans: list[SchedulerOutput] = []
+
+    @property
+    def scheduler(self) -> Any:
+        """The core's scheduler (read-only use: tests and logs)."""
+        return self.engine.scheduler
 
     @property
     def last_plan(self) -> SchedulerOutput | None:
@@ -165,7 +221,7 @@ class CoreRequestScheduler:
         """Attention-DP balancing asks whether this rank could take ``requests``: yes
         while the core's KV pool has room for all their tokens (attention DP is not a
         checked configuration; this answers conservatively)."""
-        kv = self.scheduler.kv
+        kv = self.engine.scheduler.kv
         need = sum(kv.blocks_for(int(r.get_num_tokens(0))) for r in requests)
         return need <= kv.num_free_blocks
 
@@ -173,10 +229,10 @@ class CoreRequestScheduler:
         by_id = {int(r.py_request_id): r for r in active_requests}
         if self._link is not None and not self._link.is_leader:
             return self._output(self._link.share(None), by_id)
-        now = self._clock()
+        now = self.engine.clock.now()
         self._apply_previous(by_id, now)
         self._queue_new(active_requests, now)
-        plan = self.scheduler.schedule(now)
+        plan = self.engine.plan_step(now)
         decision = self._decide(plan, by_id)
         self._plan, self._plan_time = plan, now
         if self._link is not None:
@@ -210,21 +266,19 @@ class CoreRequestScheduler:
                     failed[s.request_id] = "TensorRT-LLM showed no token for this step"
                     logger.error("request %d sampled no visible token", rid)
                 # else: it ended without a token (cancelled); aborted below
-            duration = now - self._plan_time if plan.scheduled else 0.0
-            if plan.scheduled:
-                self.scheduler.predictor.observe(features_of(plan), duration)
             gone = {s.request_id for s in plan.scheduled if int(s.request_id) not in by_id}
             for rid_str in gone - sampled.keys():
-                self.scheduler.abort(rid_str, now)  # cancelled during the iteration
-            self.scheduler.update(plan, StepResult(sampled, duration, failed=failed), now)
+                self.engine.abort(rid_str)  # cancelled during the iteration
+            result = StepResult(sampled, now - self._plan_time, failed=failed)
+            self.engine.finish_step(plan, result, self._plan_time)
         for rid in [r for r in self._seen if r not in by_id]:
             self._seen.discard(rid)
             self._holds_kv.discard(rid)
             self._num_tokens.pop(rid, None)
-            self.scheduler.abort(str(rid), now)  # no-op for a request the core finished
+            self.engine.abort(str(rid))  # no-op for a request the core finished
         if self._kv is not None:
             # Read after the core freed what ended: TensorRT-LLM may free it later.
-            self.scheduler.kv.observe_executor_free(self._kv.free_blocks())
+            self.engine.scheduler.kv.observe_executor_free(self._kv.free_blocks())
 
     def _queue_new(self, active_requests: Iterable[Any], now: float) -> None:
         """Step 2: requests the core has not seen join its waiting queue."""
@@ -240,9 +294,8 @@ class CoreRequestScheduler:
                 facts = self._facts.take(int(getattr(req, "py_client_id", None) or rid))
                 if facts is None:
                     self.num_without_facts += 1
-            request = self._request_from(req, facts, now)
             try:
-                self.scheduler.add_request(request, now)
+                self.engine.add_request(self._submission(req, facts, now))
             except (AdmissionError, OverloadedError) as err:
                 # The serving side admitted it under the same limits; say why and leave
                 # it unscheduled rather than stop the loop.
@@ -251,18 +304,16 @@ class CoreRequestScheduler:
                 continue
             self._seen.add(rid)
 
-    def _request_from(self, req: Any, facts: RequestFacts | None, now: float) -> Request:
-        tokens = [int(t) for t in req.get_tokens(0)]
+    def _submission(self, req: Any, facts: RequestFacts | None, now: float) -> Submission:
         if facts is None:
             facts = RequestFacts(priority=our_priority(getattr(req, "priority", None)))
-        arrival = facts.arrival_time if facts.arrival_time is not None else now
-        return Request(
+        return Submission(
             str(int(req.py_request_id)),
-            tokens,
+            tuple(int(t) for t in req.get_tokens(0)),
             # No stop ids: TensorRT-LLM's sampler ends requests on theirs.
             SamplingParams(max_tokens=int(req.max_new_tokens), temperature=0),
             priority=facts.priority,
-            arrival_time=arrival,
+            arrival_time=facts.arrival_time if facts.arrival_time is not None else now,
             slo_class=facts.slo_class,
             tenant=facts.tenant,
         )

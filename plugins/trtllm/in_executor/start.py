@@ -2,24 +2,23 @@
 the scheduler factory, and hand the submitting side the facts channel.
 
 ``start`` runs before ``tensorrt_llm.LLM`` is built (the worker is built inside it). The
-factory runs in the worker, once per ``PyExecutor`` TensorRT-LLM builds: it sizes the
-core's ``KvMirror`` from that executor's KV cache manager (``get_kv_cache_stats()``) and
-builds a fresh ``Scheduler`` from the engine's scheduler config, on ``time.monotonic``
-(the engine's wall clock, so submitted arrival times and deadlines mean the same).
+factory runs in the worker, once per ``PyExecutor`` TensorRT-LLM builds: it builds a
+fresh ``in_loop_engine`` from the engine config over that executor's KV pool
+(``get_kv_cache_stats()``), on the wall clock (``time.monotonic``, the serving engine's
+clock too, so submitted arrival times and deadlines mean the same).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.core.sched.scheduler import Scheduler
+from orchestrator.core import WallClock
 from plugins.trtllm.errors import TrtllmError
-from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource
+from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, in_loop_engine
 from plugins.trtllm.in_executor.facts import FactsChannel
 from plugins.trtllm.in_executor.install import (
     CHECKED_RELEASES,
@@ -29,7 +28,6 @@ from plugins.trtllm.in_executor.install import (
     kv_cache_manager,
     load_release,
 )
-from plugins.trtllm.in_executor.kv_mirror import KvMirror
 from plugins.trtllm.llm_api.settings import InExecutorCore
 
 logger = logging.getLogger(__name__)
@@ -80,13 +78,10 @@ def start(
                 f"TensorRT-LLM's KV blocks hold {stats.tokens_per_block} tokens, the "
                 f"scheduler's {tokens_per_block}"
             )
-        mirror = KvMirror(
-            int(stats.max_num_blocks), tokens_per_block, headroom_blocks=core.headroom_blocks
+        engine = in_loop_engine(
+            core.engine, int(stats.max_num_blocks), core.max_model_len, WallClock()
         )
-        scheduler = Scheduler(core.scheduler, mirror, core.max_model_len)
-        adapter = CoreRequestScheduler(
-            scheduler, rel.types, KvSource(kv), time.monotonic, facts=facts
-        )
+        adapter = CoreRequestScheduler(engine, rel.types, KvSource(kv), facts=facts)
         built.append(adapter)
         logger.info(
             "in-executor scheduling: our scheduler runs TensorRT-LLM %s's iterations over "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.core import ConfigError, EngineConfig, SchedulerConfig
+from orchestrator.core import ConfigError, EngineConfig
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
 from plugins.trtllm.names import CAPACITY_SCHEDULER_POLICIES
 from plugins.trtllm.settings import artifact_path, pick, read_manifest
@@ -26,13 +26,12 @@ class CudaGraphs:
 
 @dataclass(frozen=True)
 class InExecutorCore:
-    """What the scheduler inside TensorRT-LLM's loop is built from: the engine's
-    ``scheduler`` config (the same policies as in front), its context limit
-    (``max_model_len``, tokens) and admission headroom (blocks per running request)."""
+    """What the scheduler inside TensorRT-LLM's loop is built from: the engine config
+    (its scheduler and cache sections: the same policies as in front) and the context
+    limit (``max_model_len``, tokens)."""
 
-    scheduler: SchedulerConfig
+    engine: EngineConfig
     max_model_len: int
-    headroom_blocks: int
 
 
 @dataclass(frozen=True)
@@ -220,5 +219,6 @@ def with_scheduling(
         )
     model_len = settings.max_seq_len or engine.model.max_model_len or settings.max_input_len
     assert model_len is not None  # with_model_len always sets max_input_len
-    core = InExecutorCore(engine.scheduler, model_len, engine.cache.admission_headroom_blocks)
-    return replace(settings, enable_block_reuse=False, in_executor=core)
+    return replace(
+        settings, enable_block_reuse=False, in_executor=InExecutorCore(engine, model_len)
+    )
