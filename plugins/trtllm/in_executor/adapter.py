@@ -35,8 +35,9 @@ The core reads no token value inside the executor: stop tokens end requests in
 TensorRT-LLM's own sampler, and the core learns of it when the request leaves
 ``active_requests`` (it reaches ``max_tokens`` itself at the same step). It does need
 each step's token to be visible at the next call, so the overlap scheduler (which copies
-tokens to the host an iteration late) is refused at installation. Requests are named ``str(py_request_id)`` in the core; facts are looked up by
-``py_client_id`` (the id the LLM API's result carries), else ``py_request_id``.
+tokens to the host an iteration late) is refused at installation. Requests are named
+``str(py_request_id)`` in the core; facts are looked up by ``py_client_id`` (the id the
+LLM API's result carries), else ``py_request_id``.
 
 Not thread-safe: the executor's loop thread calls it.
 """
@@ -165,9 +166,9 @@ class CoreRequestScheduler:
     ``scheduling_state_range``) whose decisions are ``engine``'s (an ``in_loop_engine``),
     on ``engine.clock`` (the wall clock in the worker).
     ``facts`` (optional) supplies per-request facts; ``link`` (optional) shares rank 0's
-    decision with the other tensor-parallel ranks (on a follower, ``scheduler`` is not
+    decision with the other tensor-parallel ranks (on a follower, ``engine`` is not
     used). With ``record``, ``history`` and ``plans`` keep each iteration's ``Decision``
-    and the core's plan (tests and the comparison script print them).
+    and the core's plan (the tests compare and print them).
     """
 
     def __init__(
@@ -226,6 +227,9 @@ class CoreRequestScheduler:
         return need <= kv.num_free_blocks
 
     def schedule_request(self, active_requests: Sequence[Any], inflight_request_ids: Any) -> Any:
+        """One iteration's ``SchedulerOutput`` (the module docstring's four steps).
+        ``inflight_request_ids`` is not read: with one pipeline stage and the overlap
+        scheduler off (both required at installation) no request is in flight here."""
         by_id = {int(r.py_request_id): r for r in active_requests}
         if self._link is not None and not self._link.is_leader:
             return self._output(self._link.share(None), by_id)
