@@ -24,7 +24,7 @@ and versions. The adapter itself always passes keywords.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 MODULE = "tensorrt_llm.bindings.executor"
 LLM_API_MODULE = "tensorrt_llm.llmapi"
@@ -297,6 +297,9 @@ KV_CACHE_STATS_FIELDS = ("maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "toke
 # container by ``python -m plugins.trtllm.check_names --mode in-executor``. Sources and
 # commits: docs/trtllm.md, "In-executor scheduling".
 # ======================================================================================
+
+
+from dataclasses import replace  # noqa: E402 - kept inside this block
 
 
 @dataclass(frozen=True)
