@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.stats import KvStatsReader
 from plugins.trtllm.llm_api.translate import ReleaseOptions
@@ -88,7 +89,10 @@ class EventLoopThread:
 
 class LlmApiBackend:
     """Submissions are our own counter; ``RequestOutput`` handles live on the loop.
-    ``release`` says whether ``generate_async`` gets a priority."""
+    ``release`` says whether ``generate_async`` gets a priority. With ``facts`` (the
+    in-executor mode's channel), each submission's priority, SLO class, tenant and
+    arrival are registered under the request id ``generate_async``'s result carries,
+    before the worker's scheduler can read them."""
 
     def __init__(
         self,
@@ -97,8 +101,10 @@ class LlmApiBackend:
         loop: EventLoopThread,
         stats: KvStatsReader,
         release: ReleaseOptions,
+        facts: FactsChannel | None = None,
     ) -> None:
         self._llmapi = llmapi
+        self._facts = facts
         self._llm = llm
         self._loop = loop
         self._stats = stats
@@ -114,7 +120,8 @@ class LlmApiBackend:
         if self._release.passes_priority:
             options["priority"] = translate.llm_priority(ask.priority)
         submission, self._next = self._next, self._next + 1
-        self._loop.call(self._start, submission, list(ask.tokens), params, options)
+        facts = RequestFacts(ask.priority, ask.slo_class, ask.tenant, ask.arrival_time)
+        self._loop.call(self._start, submission, list(ask.tokens), params, options, facts)
         return submission
 
     def cancel(self, submission: int) -> None:
@@ -139,14 +146,27 @@ class LlmApiBackend:
     # ------------------------------------------------------------------ on the loop
 
     def _start(
-        self, submission: int, tokens: list[int], params: Any, options: dict[str, Any]
+        self,
+        submission: int,
+        tokens: list[int],
+        params: Any,
+        options: dict[str, Any],
+        facts: RequestFacts,
     ) -> None:
-        output = self._llm.generate_async(tokens, sampling_params=params, streaming=True, **options)
+        if self._facts is None:
+            output = self._generate(tokens, params, options)
+        else:
+            with self._facts.submitting() as staged:
+                output = self._generate(tokens, params, options)
+                staged[int(output.request_id)] = facts
         self._stats.rearm()  # the submission lifted TensorRT-LLM's statistics latch
         self._handles[submission] = output
         task = asyncio.get_running_loop().create_task(self._pump(submission, output))
         self._tasks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
+
+    def _generate(self, tokens: list[int], params: Any, options: dict[str, Any]) -> Any:
+        return self._llm.generate_async(tokens, sampling_params=params, streaming=True, **options)
 
     async def _pump(self, submission: int, output: Any) -> None:
         final = False
