@@ -15,7 +15,10 @@ boundary between two iterations; it:
    ``LlmRequest`` gained, and the step's duration feeds the step-time predictor;
    requests TensorRT-LLM ended or cancelled (gone from ``active_requests``) are aborted;
 2. queues requests it has not seen (``EngineCore.add_request``), with the facts the
-   ``FactsChannel`` holds for them (priority, SLO class, tenant, arrival);
+   ``FactsChannel`` holds for them (priority, SLO class, tenant, arrival); a request
+   the core refuses is named, with the core's reason, on the ``RefusalChannel``, whose
+   listener (the submitting side) ends it with that error and aborts it in
+   TensorRT-LLM; until it leaves ``active_requests`` it is never scheduled;
 3. plans (``EngineCore.plan_step``, the first half of ``EngineCore.step``: ordering,
    token budget with the SLO budget, chunked prefill, preemption, the same scheduler
    and policies as every other executor);
@@ -66,6 +69,7 @@ from orchestrator.core import (
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
 from plugins.trtllm.in_executor.ranks import Decision, RankLink
+from plugins.trtllm.in_executor.refusals import RefusalChannel
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +169,8 @@ class CoreRequestScheduler:
     """A ``RequestScheduler`` (duck-typed: ``schedule_request``, ``can_schedule``,
     ``scheduling_state_range``) whose decisions are ``engine``'s (an ``in_loop_engine``),
     on ``engine.clock`` (the wall clock in the worker).
-    ``facts`` (optional) supplies per-request facts; ``link`` (optional) shares rank 0's
+    ``facts`` (optional) supplies per-request facts; ``refusals`` (optional) hears the
+    requests the core refuses, by the facts' key; ``link`` (optional) shares rank 0's
     decision with the other tensor-parallel ranks (on a follower, ``engine`` is not
     used). With ``record``, ``history`` and ``plans`` keep each iteration's ``Decision``
     and the core's plan (the tests compare and print them).
@@ -178,6 +183,7 @@ class CoreRequestScheduler:
         kv: KvSource | None,
         *,
         facts: FactsChannel | None = None,
+        refusals: RefusalChannel | None = None,
         link: RankLink | None = None,
         record: bool = False,
     ) -> None:
@@ -185,6 +191,7 @@ class CoreRequestScheduler:
         self._types = types
         self._kv = kv
         self._facts = facts
+        self._refusals = refusals
         self._link = link
         self._plan: SchedulerOutput | None = None
         self._plan_time = 0.0
@@ -192,7 +199,7 @@ class CoreRequestScheduler:
         self._holds_kv: set[int] = set()  # ids TensorRT-LLM holds KV for
         self._num_tokens: dict[int, int] = {}  # get_num_tokens(0) when last planned
         self._planned: dict[int, Any] = {}  # the last plan's LlmRequests by id
-        self.refused: dict[int, str] = {}  # ids the core refused, with why
+        self.refused: dict[int, str] = {}  # refused ids still active, with why
         self.num_without_facts = 0  # requests queued with no facts in the channel
         self.record = record
         self.history: list[Decision] = []
@@ -280,6 +287,8 @@ class CoreRequestScheduler:
             self._holds_kv.discard(rid)
             self._num_tokens.pop(rid, None)
             self.engine.abort(str(rid))  # no-op for a request the core finished
+        for rid in [r for r in self.refused if r not in by_id]:
+            del self.refused[rid]  # aborted (or ended) in TensorRT-LLM: nothing held
         if self._kv is not None:
             # Read after the core freed what ended: TensorRT-LLM may free it later.
             self.engine.scheduler.kv.observe_executor_free(self._kv.free_blocks())
@@ -293,20 +302,37 @@ class CoreRequestScheduler:
                 continue
             if not start.value <= req.state.value < stop.value:
                 continue
+            client_id = int(getattr(req, "py_client_id", None) or rid)
             facts = None
             if self._facts is not None:
-                facts = self._facts.take(int(getattr(req, "py_client_id", None) or rid))
+                facts = self._facts.take(client_id)
                 if facts is None:
                     self.num_without_facts += 1
             try:
                 self.engine.add_request(self._submission(req, facts, now))
             except (AdmissionError, OverloadedError) as err:
-                # The serving side admitted it under the same limits; say why and leave
-                # it unscheduled rather than stop the loop.
-                self.refused[rid] = str(err)
-                logger.error("in-executor scheduler refused request %d: %s", rid, err)
+                self._refuse(rid, client_id, err)
                 continue
             self._seen.add(rid)
+
+    def _refuse(self, rid: int, client_id: int, err: Exception) -> None:
+        """A request the core refused: never scheduled; the refusal channel's listener
+        ends it with the core's reason (its client gets that error) and aborts it in
+        TensorRT-LLM, which then drops it. It holds no KV: only scheduled requests get
+        blocks."""
+        reason = f"the scheduler inside TensorRT-LLM's loop refused the request: {err}"
+        self.refused[rid] = reason
+        heard = self._refusals is not None and self._refusals.refuse(client_id, reason)
+        if heard:
+            logger.warning("in-executor scheduler refused request %d: %s", rid, err)
+        else:
+            # Submitted by other code than our backend: nobody to answer; it stays
+            # unscheduled, holding no KV, until its submitter aborts it.
+            logger.error(
+                "in-executor scheduler refused request %d and no submitter heard it: %s",
+                rid,
+                err,
+            )
 
     def _submission(self, req: Any, facts: RequestFacts | None, now: float) -> Submission:
         if facts is None:

@@ -20,6 +20,7 @@ from orchestrator.core import WallClock
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, in_loop_engine
 from plugins.trtllm.in_executor.facts import FactsChannel
+from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.in_executor.install import (
     CHECKED_RELEASES,
     OVERLAP_OPTION,
@@ -40,10 +41,12 @@ LLM_OPTIONS: dict[str, Any] = {OVERLAP_OPTION: True}
 @dataclass
 class InExecutor:
     """A started in-executor mode: the release, the facts channel the submitting side
-    writes, the schedulers built so far (the latest is the serving one) and the undo."""
+    writes, the refusal channel it listens to, the schedulers built so far (the latest
+    is the serving one) and the undo."""
 
     release: Release
     facts: FactsChannel
+    refusals: RefusalChannel
     schedulers: list[CoreRequestScheduler]
     undo: Callable[[], None]
 
@@ -67,7 +70,7 @@ def start(
             f"scheduling: in_executor needs TensorRT-LLM {CHECKED_RELEASES} with its "
             f"PyTorch backend ({err})"
         ) from err
-    facts = FactsChannel()
+    facts, refusals = FactsChannel(), RefusalChannel()
     built: list[CoreRequestScheduler] = []
 
     def factory(py_executor: Any, rel: Release) -> CoreRequestScheduler:
@@ -81,7 +84,9 @@ def start(
         engine = in_loop_engine(
             core.engine, int(stats.max_num_blocks), core.max_model_len, WallClock()
         )
-        adapter = CoreRequestScheduler(engine, rel.types, KvSource(kv), facts=facts)
+        adapter = CoreRequestScheduler(
+            engine, rel.types, KvSource(kv), facts=facts, refusals=refusals
+        )
         built.append(adapter)
         logger.info(
             "in-executor scheduling: our scheduler runs TensorRT-LLM %s's iterations over "
@@ -92,4 +97,4 @@ def start(
         )
         return adapter
 
-    return InExecutor(release, facts, built, install(release, factory))
+    return InExecutor(release, facts, refusals, built, install(release, factory))

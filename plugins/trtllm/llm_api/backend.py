@@ -6,7 +6,9 @@ when ``generate_async`` made it (its queue is an asyncio queue only then), as
 submission calls ``generate_async`` there and starts a task that turns every streamed
 output into an ``Update`` on a thread-safe queue, which ``poll`` reads on the engine's
 thread. Aborts run on the loop too, and so does the statistics reader (``stats``), which
-each submission re-arms.
+each submission re-arms. In in-executor mode, a request the worker's scheduler refuses
+(``in_executor.refusals``) is ended here the same way: its stream gets a final update
+with the refusal as its error, and it is aborted in TensorRT-LLM.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.stats import KvStatsReader
 from plugins.trtllm.llm_api.translate import ReleaseOptions
@@ -92,7 +95,11 @@ class LlmApiBackend:
     ``release`` says whether ``generate_async`` gets a priority. With ``facts`` (the
     in-executor mode's channel), each submission's priority, SLO class, tenant and
     arrival are registered under the request id ``generate_async``'s result carries,
-    before the worker's scheduler can read them."""
+    before the worker's scheduler can read them. With ``refusals``, a refusal under that
+    id ends the submission: a final ``Update`` whose ``error`` is the refusal (the runner
+    names it in ``StepResult.failed``, so the core ends it with that error) and
+    ``RequestOutput.abort()``, so TensorRT-LLM drops it too. Refusals of submissions
+    already finished are ignored."""
 
     def __init__(
         self,
@@ -102,6 +109,7 @@ class LlmApiBackend:
         stats: KvStatsReader,
         release: ReleaseOptions,
         facts: FactsChannel | None = None,
+        refusals: RefusalChannel | None = None,
     ) -> None:
         self._llmapi = llmapi
         self._facts = facts
@@ -111,8 +119,11 @@ class LlmApiBackend:
         self._release = release
         self._updates: queue.SimpleQueue[Update] = queue.SimpleQueue()
         self._handles: dict[int, Any] = {}  # touched on the loop's thread only
+        self._by_request_id: dict[int, int] = {}  # RequestOutput.request_id: submission; loop only
         self._tasks: set[asyncio.Task[None]] = set()
         self._next = 1
+        if refusals is not None:
+            refusals.listen(self._refused)
 
     def submit(self, ask: Ask) -> int:
         params = translate.sampling_params(self._llmapi, ask.sampling, ask.max_tokens, ask.seed)
@@ -161,6 +172,7 @@ class LlmApiBackend:
                 staged[int(output.request_id)] = facts
         self._stats.rearm()  # the submission lifted TensorRT-LLM's statistics latch
         self._handles[submission] = output
+        self._by_request_id[int(output.request_id)] = submission
         task = asyncio.get_running_loop().create_task(self._pump(submission, output))
         self._tasks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
@@ -181,8 +193,22 @@ class LlmApiBackend:
             self._updates.put(Update(submission, final=True, error=f"{type(err).__name__}: {err}"))
         finally:
             self._handles.pop(submission, None)
+            self._by_request_id.pop(int(output.request_id), None)
 
     def _abort(self, submission: int) -> None:
         output = self._handles.get(submission)
         if output is not None and not output.finished:
             output.abort()
+
+    def _refused(self, request_id: int, reason: str) -> None:
+        """The worker's scheduler refused ``request_id`` (called on its executor thread,
+        so the work is handed to the loop, in order after the submission's ``_start``)."""
+        self._loop.soon(self._end_refused, request_id, reason)
+
+    def _end_refused(self, request_id: int, reason: str) -> None:
+        submission = self._by_request_id.get(request_id)
+        if submission is None:
+            return  # finished (or never ours): nothing left to end
+        # Queued before any later update of the submission: its stream ends with this.
+        self._updates.put(Update(submission, final=True, error=reason))
+        self._abort(submission)

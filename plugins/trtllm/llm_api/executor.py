@@ -102,7 +102,7 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
 
     def _start(self) -> Backend:
         self._release = translate.release_options(self._llmapi)
-        llmapi, facts = self._llmapi, None
+        llmapi, facts, refusals = self._llmapi, None, None
         core = self.settings.in_executor
         if core is not None:
             # Before the LLM: its worker builds the executor, and with it our scheduler.
@@ -111,11 +111,14 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
             imports = type(self).import_module
             mode = in_executor.start(core, self.settings.tokens_per_block, imports)
             self._owned.append(mode)
-            llmapi, facts = WithLlmOptions(llmapi, in_executor.LLM_OPTIONS), mode.facts
+            llmapi = WithLlmOptions(llmapi, in_executor.LLM_OPTIONS)
+            facts, refusals = mode.facts, mode.refusals
         llm = translate.start_llm(llmapi, self.settings, self._release)
         self._owned.append(llm)
         self._stats = KvStatsReader(llm)
-        return LlmApiBackend(self._llmapi, llm, self._loop, self._stats, self._release, facts)
+        return LlmApiBackend(
+            self._llmapi, llm, self._loop, self._stats, self._release, facts, refusals
+        )
 
     def _first_kv(self, timeout_s: float) -> KvSnapshot | None:
         snapshot = self._stats.latest.wait_first(min(_STATS_ARRIVAL_S, timeout_s))
