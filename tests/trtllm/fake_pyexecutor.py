@@ -32,6 +32,14 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
   advances by its chunk); sample (a context request on its last chunk and every
   generation request gain one token); requests that reached ``max_new_tokens`` end
   (``GENERATION_COMPLETE``, resources freed, removed from ``active_requests``).
+- ``cancel``: ``PyExecutor.cancel_request(id)`` only records the id
+  (``canceled_req_ids``; ``py_executor.py`` at ``9521caf4``), which the LLM API's
+  ``RequestOutput.abort()`` reaches. ``_executor_loop`` handles it after sampling, in an
+  iteration that ran a batch only (``if can_queue: ... _handle_canceled_requests();
+  _handle_responses()``, stored copy with ``_prepare_and_schedule_batch``; the index
+  exposes no commit): every active request with that id, scheduled or not, is
+  ``finish_by_reason(CANCELLED)`` and ``_handle_responses`` terminates it (resources
+  freed) and drops it from ``active_requests`` (both at ``0004396``).
 - ``FakeDist`` / two ranks: every rank runs the same loop over its own copies of the
   requests; ``broadcast(obj, root=0)`` hands rank 0's object to the others.
 """
@@ -215,16 +223,21 @@ class FakePyExecutor:
         self.active_requests: list[FakeLlmRequest] = []
         self.inflight_req_ids: set[int] = set()
         self.finished: dict[int, FakeLlmRequest] = {}
+        self.canceled_req_ids: set[int] = set()
         self._queue: list[FakeLlmRequest] = []
 
     def submit(self, request: FakeLlmRequest) -> None:
         self._queue.append(request)
 
     def cancel(self, request_id: int) -> None:
-        """A cancelled request leaves ``active_requests`` with its KV freed."""
-        for req in list(self.active_requests):
-            if req.py_request_id == request_id:
-                self._end(req)
+        """Cancel a request (``cancel_request``): it leaves ``active_requests`` with its
+        KV freed at the end of the next iteration that runs a batch."""
+        self.canceled_req_ids.add(request_id)
+
+    def _handle_canceled_requests(self) -> None:
+        for req in [r for r in self.active_requests if r.py_request_id in self.canceled_req_ids]:
+            self._end(req)
+        self.canceled_req_ids.clear()
 
     def iterate(self) -> Any:
         self.active_requests.extend(self._queue)  # _fetch_new_requests
@@ -245,6 +258,8 @@ class FakePyExecutor:
                 sampled.append(req)
                 req.state = LlmRequestState.GENERATION_IN_PROGRESS
         self._sample(sampled + generation)
+        if context or generation:  # can_queue: the batch ran
+            self._handle_canceled_requests()
         if self.on_iteration is not None:
             self.on_iteration(out)
         return out

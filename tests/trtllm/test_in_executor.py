@@ -6,6 +6,7 @@ recompute, two tensor-parallel ranks, per-request facts, and the version gate.""
 from __future__ import annotations
 
 import os
+import re
 import types as pytypes
 from typing import Any
 
@@ -18,6 +19,7 @@ from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, our_priority
 from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
 from plugins.trtllm.in_executor.ranks import DistLink
+from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api.translate import llm_priority
 from tests.trtllm.fake_pyexecutor import (
     OUTPUT_TYPES,
@@ -205,6 +207,73 @@ def test_a_request_cancelled_in_tensorrt_llm_leaves_the_core() -> None:
     assert not adapter.scheduler.requests
     assert adapter.scheduler.kv.num_free_blocks == 64
     assert len(loop.finished[2].tokens) == 11
+
+
+def refusing_loop(
+    num_blocks: int = 16,
+) -> tuple[FakePyExecutor, CoreRequestScheduler, FactsChannel, list[tuple[int, str]]]:
+    """A loop whose adapter reports refusals; the listener plays the submitting side
+    (llm_api.backend): it records the refusal and aborts the request in TensorRT-LLM."""
+    facts, refusals = FactsChannel(), RefusalChannel()
+    trt_kv = FakeKvCacheManager(num_blocks, BS)
+    adapter = CoreRequestScheduler(
+        loop_engine(SchedulerConfig(), num_blocks, VirtualClock()),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+        refusals=refusals,
+        record=True,
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000))
+    heard: list[tuple[int, str]] = []
+
+    def front(request_id: int, reason: str) -> None:
+        heard.append((request_id, reason))
+        loop.cancel(request_id)  # RequestOutput.abort() -> PyExecutor.cancel_request
+
+    refusals.listen(front)
+    return loop, adapter, facts, heard
+
+
+def test_a_refused_request_ends_with_its_error_and_the_others_carry_on() -> None:
+    runs = []
+    for with_bad in (False, True):
+        loop, adapter, facts, heard = refusing_loop()
+        submit(loop, facts, 1, 40, 30)
+        if with_bad:
+            # 20 + 300 tokens need 20 blocks of 16; the pool holds 16: the core refuses it.
+            submit(loop, facts, 2, 20, 300)
+        submit(loop, facts, 3, 24, 12)
+        run(loop)
+        loop.iterate()  # the idle iteration after the last: the core learns of the end
+        runs.append((loop, adapter, heard))
+    (clean, clean_adapter, _), (loop, adapter, heard) = runs
+    assert [rid for rid, _ in heard] == [2]
+    assert re.search(
+        r"refused the request: .*needs 20 KV blocks; the KV pool holds 16", heard[0][1]
+    )
+    bad = loop.finished[2]
+    assert bad.state == LlmRequestState.GENERATION_COMPLETE and bad.num_generated == 0
+    assert all(2 not in (r for r, _ in d.context) for d in adapter.history), "never scheduled"
+    assert not adapter.refused, "forgotten once TensorRT-LLM dropped it"
+    assert not adapter.scheduler.requests and adapter.scheduler.kv.num_free_blocks == 16
+    assert loop.kv.num_free == 16
+    for rid in (1, 3):
+        assert loop.finished[rid].tokens == clean.finished[rid].tokens
+    assert adapter.history == clean_adapter.history, "the others' schedule is unchanged"
+
+
+def test_a_refusal_nobody_hears_leaves_the_request_unscheduled_and_the_loop_running() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(num_blocks=16, facts=facts)  # no refusal channel
+    submit(loop, facts, 2, 20, 300)
+    submit(loop, facts, 3, 24, 12)
+    for _ in range(20):
+        loop.iterate()
+    assert 3 in loop.finished and len(loop.finished[3].tokens) == 36
+    assert list(adapter.refused) == [2] and "16" in adapter.refused[2]
+    assert [r.py_request_id for r in loop.active_requests] == [2]
+    assert loop.kv.num_free == 16, "a refused request holds no KV"
 
 
 # ---------------------------------------------------------------- tensor parallel

@@ -4,6 +4,10 @@ adds, the facts each submission registers, and switching back."""
 
 from __future__ import annotations
 
+import queue
+import re
+import threading
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,8 @@ from plugins.trtllm.llm_api.executor import TrtllmLlmApiExecutor
 from tests.trtllm import fake_llmapi
 from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.conftest import LlmCalls, spy_llmapi
-from tests.trtllm.plans import Seq, prompt_of, step
+from tests.trtllm.fake_pyexecutor import FakeLlmRequest
+from tests.trtllm.plans import Seq, greedy_tokens, prompt_of, step
 from tests.trtllm.test_in_executor import fake_release_modules
 
 
@@ -52,9 +57,16 @@ def overlap_llmapi(calls: LlmCalls, creator: Any) -> types.SimpleNamespace:
     return types.SimpleNamespace(**names)
 
 
-def start(tmp_path: Path, version: str, calls: LlmCalls, monkeypatch: pytest.MonkeyPatch) -> Any:
-    root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch"))
-    engine = engine_config(root, scheduling="in_executor")
+def start(
+    tmp_path: Path,
+    version: str,
+    calls: LlmCalls,
+    monkeypatch: pytest.MonkeyPatch,
+    build: FakeBuild | None = None,
+    **options: Any,
+) -> Any:
+    root = write_build(tmp_path / "pytorch", build or FakeBuild(backend="pytorch"))
+    engine = engine_config(root, scheduling="in_executor", **options)
     modules = fake_release_modules(version)
     monkeypatch.setattr(TrtllmLlmApiExecutor, "import_module", staticmethod(modules.__getitem__))
     monkeypatch.delenv(inst.SINGLE_PROCESS_ENV, raising=False)
@@ -146,4 +158,88 @@ def test_a_plans_facts_reach_the_channel_under_the_llms_request_id(
         facts = executor._owned[0].facts.take(output.request_id)
         assert facts == RequestFacts(priority=2, slo_class="chat", tenant="acme", arrival_time=4.5)
     finally:
+        executor.shutdown()
+
+
+class Worker:
+    """TensorRT-LLM's executor thread as far as our scheduler sees it: each request the
+    LLM takes is fetched into ``active_requests`` (a ``FakeLlmRequest`` whose
+    ``py_client_id`` is the ``RequestOutput``'s id) and the installed scheduler is asked
+    for a schedule, on a thread of its own, as the real loop does after
+    ``generate_async`` returned."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.active: list[Any] = []
+        self._fetched: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def fetch(self, inputs: list[int], params: Any, output: Any) -> None:
+        req = FakeLlmRequest(int(output.request_id), list(inputs), params.max_tokens)
+        self._fetched.put(req)
+
+    def stop(self) -> None:
+        self._fetched.put(None)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while (req := self._fetched.get()) is not None:
+            self.active.append(req)
+            self.scheduler.schedule_request(self.active, set())
+
+
+def test_a_request_refused_inside_the_loop_fails_at_the_front_and_is_aborted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core.output import SchedulerOutput
+
+    calls = LlmCalls()
+    # 20 ms iterations: the refused request would take seconds to end by itself.
+    build = FakeBuild(backend="pytorch", iteration_ms=20.0)
+    executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch, build, step_timeout_s=10)
+    worker = Worker(calls.options[0]["wrapped_scheduler"])  # KV pool of 8 blocks of 16
+    llm = executor._backend._llm
+    generate = llm.generate_async
+
+    def generate_async(inputs: list[int], sampling_params: Any = None, **kw: Any) -> Any:
+        output = generate(inputs, sampling_params, **kw)
+        worker.fetch(inputs, sampling_params, output)
+        return output
+
+    monkeypatch.setattr(llm, "generate_async", generate_async)
+    try:
+        good = Seq(
+            "good", prompt_of(5, 1), [0], sampling=SamplingParams(max_tokens=4, temperature=0)
+        )
+        # 20 + 200 tokens need 14 blocks inside the loop: the core there refuses it.
+        bad = Seq(
+            "bad", prompt_of(20, 2), [1, 2], sampling=SamplingParams(max_tokens=200, temperature=0)
+        )
+        failed: dict[str, str] = {}
+        for _ in range(3):  # the refusal ends it at its first step, or the next
+            live = [q for q in (good, bad) if q.request_id not in failed]
+            scheduled = [q.next() for q in live]
+            result = executor.execute(SchedulerOutput(scheduled))
+            failed.update(result.failed)
+            for q, planned in zip(live, scheduled, strict=True):
+                if q.request_id not in result.failed:
+                    q.advance(planned, result)
+            if "bad" in failed:
+                break
+        assert list(failed) == ["bad"]
+        assert re.search(
+            r"refused the request: .*needs 14 KV blocks; the KV pool holds 8", failed["bad"]
+        )
+        while len(good.output) < 4:
+            step(executor, [good], finished=["bad"] if len(good.output) == 1 else ())
+        assert good.output == greedy_tokens(good.prompt, 4), "the other request carried on"
+        bad_output = next(o for i, _, o in calls.submitted if i == bad.prompt)
+        deadline = time.monotonic() + 5
+        while not bad_output.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bad_output.outputs[0].finish_reason == "cancelled", "aborted in TensorRT-LLM"
+        assert list(worker.scheduler.refused.values()) == [failed["bad"]]
+    finally:
+        worker.stop()
         executor.shutdown()

@@ -20,7 +20,6 @@ from orchestrator.core import WallClock
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, in_loop_engine
 from plugins.trtllm.in_executor.facts import FactsChannel
-from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.in_executor.install import (
     CHECKED_RELEASES,
     OVERLAP_OPTION,
@@ -29,6 +28,7 @@ from plugins.trtllm.in_executor.install import (
     kv_cache_manager,
     load_release,
 )
+from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api.settings import InExecutorCore
 
 logger = logging.getLogger(__name__)
