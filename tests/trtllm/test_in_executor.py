@@ -254,7 +254,10 @@ def test_a_refused_request_ends_with_its_error_and_the_others_carry_on() -> None
     )
     bad = loop.finished[2]
     assert bad.state == LlmRequestState.GENERATION_COMPLETE and bad.num_generated == 0
-    assert all(2 not in (r for r, _ in d.context) for d in adapter.history), "never scheduled"
+    scheduled = {r for d in adapter.history for r, _ in d.context} | {
+        r for d in adapter.history for r in d.generation
+    }
+    assert scheduled == {1, 3}, "the refused request was never scheduled"
     assert not adapter.refused, "forgotten once TensorRT-LLM dropped it"
     assert not adapter.scheduler.requests and adapter.scheduler.kv.num_free_blocks == 16
     assert loop.kv.num_free == 16
@@ -271,9 +274,24 @@ def test_a_refusal_nobody_hears_leaves_the_request_unscheduled_and_the_loop_runn
     for _ in range(20):
         loop.iterate()
     assert 3 in loop.finished and len(loop.finished[3].tokens) == 36
-    assert list(adapter.refused) == [2] and "16" in adapter.refused[2]
+    assert list(adapter.refused) == [2]
+    assert re.search(r"needs 20 KV blocks; the KV pool holds 16", adapter.refused[2])
     assert [r.py_request_id for r in loop.active_requests] == [2]
     assert loop.kv.num_free == 16, "a refused request holds no KV"
+
+
+def test_the_refusal_channel_reports_whether_it_was_heard_and_never_raises() -> None:
+    channel = RefusalChannel()
+    assert channel.refuse(4, "no") is False, "nobody listens yet"
+    heard: list[tuple[int, str]] = []
+    channel.listen(lambda rid, why: heard.append((rid, why)))
+    assert channel.refuse(5, "too long") is True and heard == [(5, "too long")]
+
+    def closed(rid: int, why: str) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    channel.listen(closed)
+    assert channel.refuse(6, "x") is False  # logged; TensorRT-LLM's loop carries on
 
 
 # ---------------------------------------------------------------- tensor parallel
