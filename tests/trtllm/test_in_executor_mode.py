@@ -189,16 +189,15 @@ class Worker:
             self.scheduler.schedule_request(self.active, set())
 
 
-def test_a_request_refused_inside_the_loop_fails_at_the_front_and_is_aborted(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from orchestrator.core.output import SchedulerOutput
-
-    calls = LlmCalls()
-    # 20 ms iterations: the refused request would take seconds to end by itself.
+def refusing_executor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: LlmCalls
+) -> tuple[Any, Worker]:
+    """An in-executor executor on the fake LLM API whose installed scheduler (KV pool of
+    8 blocks of 16, so it refuses what needs more) sees every submission via ``Worker``.
+    Iterations of 20 ms: a refused request would take seconds to end by itself."""
     build = FakeBuild(backend="pytorch", iteration_ms=20.0)
     executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch, build, step_timeout_s=10)
-    worker = Worker(calls.options[0]["wrapped_scheduler"])  # KV pool of 8 blocks of 16
+    worker = Worker(calls.options[0]["wrapped_scheduler"])
     llm = executor._backend._llm
     generate = llm.generate_async
 
@@ -208,6 +207,22 @@ def test_a_request_refused_inside_the_loop_fails_at_the_front_and_is_aborted(
         return output
 
     monkeypatch.setattr(llm, "generate_async", generate_async)
+    return executor, worker
+
+
+def wait_finished(output: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not output.finished and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_request_refused_inside_the_loop_fails_at_the_front_and_is_aborted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core.output import SchedulerOutput
+
+    calls = LlmCalls()
+    executor, worker = refusing_executor(tmp_path, monkeypatch, calls)
     try:
         good = Seq(
             "good", prompt_of(5, 1), [0], sampling=SamplingParams(max_tokens=4, temperature=0)
@@ -235,11 +250,41 @@ def test_a_request_refused_inside_the_loop_fails_at_the_front_and_is_aborted(
             step(executor, [good], finished=["bad"] if len(good.output) == 1 else ())
         assert good.output == greedy_tokens(good.prompt, 4), "the other request carried on"
         bad_output = next(o for i, _, o in calls.submitted if i == bad.prompt)
-        deadline = time.monotonic() + 5
-        while not bad_output.finished and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_finished(bad_output)
         assert bad_output.outputs[0].finish_reason == "cancelled", "aborted in TensorRT-LLM"
         assert list(worker.scheduler.refused.values()) == [failed["bad"]]
+    finally:
+        worker.stop()
+        executor.shutdown()
+
+
+def test_the_refusal_reaches_the_client_through_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core import EngineCore, Submission, WallClock
+    from orchestrator.core.request import FinishReason
+
+    calls = LlmCalls()
+    executor, worker = refusing_executor(tmp_path, monkeypatch, calls)
+    try:
+        config = engine_config(tmp_path / "pytorch", scheduling="in_executor")
+        engine = EngineCore.from_config(config, executor, WallClock())
+        greedy = SamplingParams(max_tokens=200, temperature=0)
+        engine.add_request(Submission("bad", tuple(prompt_of(20, 2)), greedy))
+        short = SamplingParams(max_tokens=6, temperature=0)
+        engine.add_request(Submission("good", tuple(prompt_of(5, 1)), short))
+        outputs: dict[str, list[Any]] = {"bad": [], "good": []}
+        for _ in range(40):
+            for out in engine.step().outputs:
+                outputs[out.request_id].append(out)
+            if not engine.has_work():
+                break
+        (last,) = [o for o in outputs["bad"] if o.finished]
+        assert last.finish_reason == FinishReason.ERROR
+        assert last.error is not None and "inside TensorRT-LLM's loop refused" in last.error
+        good = [t for o in outputs["good"] for t in o.new_token_ids]
+        assert good == greedy_tokens(prompt_of(5, 1), 6), "the other request carried on"
+        assert engine.scheduler.kv.num_free_blocks == engine.scheduler.kv.num_blocks
     finally:
         worker.stop()
         executor.shutdown()
