@@ -32,9 +32,10 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
   advances by its chunk); sample (a context request on its last chunk and every
   generation request gain one token); requests that reached ``max_new_tokens`` end
   (``GENERATION_COMPLETE``, resources freed, removed from ``active_requests``).
-- ``cancel``: ``PyExecutor.cancel_request(id)`` only records the id
-  (``canceled_req_ids``; ``py_executor.py`` at ``9521caf4``), which the LLM API's
-  ``RequestOutput.abort()`` reaches. ``_executor_loop`` handles it after sampling, in an
+- ``cancel`` (what the LLM API's ``RequestOutput.abort()`` asks of the executor; the
+  path between them was not re-read): ``PyExecutor.cancel_request(id)`` only records
+  the id (``canceled_req_ids``; ``py_executor.py`` at ``9521caf4``, the oldest stored
+  copy). ``_executor_loop`` handles it after sampling, in an
   iteration that ran a batch only (``if can_queue: ... _handle_canceled_requests();
   _handle_responses()``, stored copy with ``_prepare_and_schedule_batch``; the index
   exposes no commit): every active request with that id, scheduled or not, is
