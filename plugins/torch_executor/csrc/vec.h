@@ -4,6 +4,7 @@
 //   portable (anything else):   W = 8,  a plain array the compiler vectorises as it can.
 // Loads widen bfloat16 and int8; stores to bfloat16 round to nearest even. Inputs are
 // finite (no NaN handling). Every function is inline and free of state.
+// At the end, int8 dot products over a block of 16 outputs (q8_*), per level as well.
 #pragma once
 
 #include <algorithm>
@@ -240,4 +241,90 @@ static inline vf vexp(vf a) { VEC_MAP(fast_exp(a.v[i])); }
 template <typename T> static inline vf vround(vf a) { VEC_MAP(rnd<T>(a.v[i])); }
 static inline void vprefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 #undef VEC_MAP
+#endif
+
+// ---------------------------------------------------------------- int8 dot products
+// One step of an int8 x int8 product over a block of 16 outputs and 4 inputs: weights
+// as 64 bytes [16 outputs][4 inputs] (signed, |w| <= 127), activations as the 4 inputs'
+// bytes in one int32 (signed, |x| <= 127), sums in int32 per output:
+//   q8w q8_load(const int8_t* w)          the step's 64 weight bytes;
+//   q8acc q8_dot(q8acc acc, q8w w, x4)    acc[o] += sum_j w[o][j] * x[j];
+//   q8_fma(vf* total, acc, ws, xs)        total[o] += float(acc[o]) * ws[o] * xs, over
+//                                         16 / W vectors, ws: 16 floats.
+// x86 multiplies unsigned by signed bytes (maddubs, dpbusd), so the weight's sign moves
+// onto the activation (|w| * sign(w) x, as llama.cpp does): with |x|, |w| <= 127 a pair
+// of products sums to at most 32258 and maddubs' int16 never saturates. A group's int32
+// sum (<= 64 * 127 * 127 < 2^24) converts to float exactly.
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+struct q8w { __m512i mag; __mmask64 neg; };
+struct q8acc { __m512i v; };
+static inline q8acc q8_zero() { return {_mm512_setzero_si512()}; }
+static inline q8w q8_load(const int8_t* p) {
+    const __m512i w = _mm512_loadu_si512(p);
+    return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+}
+static inline q8acc q8_dot(q8acc acc, q8w w, int32_t x4) {
+    const __m512i x = _mm512_set1_epi32(x4);
+    const __m512i sx = _mm512_mask_sub_epi8(x, w.neg, _mm512_setzero_si512(), x);
+#if defined(__AVX512VNNI__)
+    return {_mm512_dpbusd_epi32(acc.v, w.mag, sx)};
+#else
+    const __m512i pairs = _mm512_maddubs_epi16(w.mag, sx);
+    return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
+#endif
+}
+static inline void q8_fma(vf* total, q8acc acc, const float* ws, float xs) {
+    const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(ws), _mm512_set1_ps(xs));
+    total[0].v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc.v), s, total[0].v);
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+struct q8w { __m256i mag[2], w[2]; };  // outputs 0-7, 8-15
+struct q8acc { __m256i v[2]; };
+static inline q8acc q8_zero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
+static inline q8w q8_load(const int8_t* p) {
+    q8w out;
+    for (int u = 0; u < 2; ++u) {
+        out.w[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * u));
+        out.mag[u] = _mm256_abs_epi8(out.w[u]);
+    }
+    return out;
+}
+static inline q8acc q8_dot(q8acc acc, q8w w, int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int u = 0; u < 2; ++u) {
+        const __m256i pairs = _mm256_maddubs_epi16(w.mag[u], _mm256_sign_epi8(x, w.w[u]));
+        acc.v[u] = _mm256_add_epi32(acc.v[u], _mm256_madd_epi16(pairs, ones));
+    }
+    return acc;
+}
+static inline void q8_fma(vf* total, q8acc acc, const float* ws, float xs) {
+    const __m256 x = _mm256_set1_ps(xs);
+    for (int u = 0; u < 2; ++u) {
+        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * u), x);
+        total[u].v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc.v[u]), s, total[u].v);
+    }
+}
+
+#else
+struct q8w { const int8_t* p; };
+struct q8acc { int32_t v[16]; };
+static inline q8acc q8_zero() { return {}; }
+static inline q8w q8_load(const int8_t* p) { return {p}; }
+static inline q8acc q8_dot(q8acc acc, q8w w, int32_t x4) {
+    int8_t x[4];
+    std::memcpy(x, &x4, 4);
+    for (int o = 0; o < 16; ++o) {
+        int32_t s = 0;
+        for (int j = 0; j < 4; ++j) s += (int32_t)w.p[o * 4 + j] * (int32_t)x[j];
+        acc.v[o] += s;
+    }
+    return acc;
+}
+static inline void q8_fma(vf* total, q8acc acc, const float* ws, float xs) {
+    for (int u = 0; u < 16 / W; ++u)
+        for (int i = 0; i < W; ++i)
+            total[u].v[i] += (float)acc.v[u * W + i] * (ws[u * W + i] * xs);
+}
 #endif
