@@ -113,6 +113,20 @@ def test_int8_projections_are_within_their_activation_rounding_of_float32(
     assert err.mean().item() <= 0.1 * bound.mean().item()
 
 
+def test_int8_projections_of_all_zero_groups_are_zero(kernels: Kernels) -> None:
+    """A group of zeros has scale 0 (no division by it): its products add nothing."""
+    layer = Linear(torch.randn(32, 3 * INT8_GROUP))
+    x = torch.randn(2, 3 * INT8_GROUP)
+    x[0] = 0.0
+    x[1, INT8_GROUP : 2 * INT8_GROUP] = 0.0
+    got = kernels.compact_linear(WeightFormat.INT8, layer, x)
+    assert torch.equal(got[0], torch.zeros(32))
+    exact = layer.compact_weight(WeightFormat.INT8).dense()
+    q, scales = quantized_activations(x[1:])
+    operand = q * scales.repeat_interleave(INT8_GROUP, dim=1)
+    torch.testing.assert_close(got[1:], operand @ exact.T, atol=1e-4, rtol=1e-5)
+
+
 def test_compact_projections_leave_long_batches_to_the_dense_matmul(kernels: Kernels) -> None:
     layer = Linear(torch.randn(32, 64))
     x = torch.randn(COMPACT_MAX_ROWS + 1, 64)

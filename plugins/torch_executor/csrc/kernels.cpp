@@ -326,7 +326,7 @@ static void paged_attention(const T* q, const T* k, const T* v, const int64_t* t
 //             Q8_0 x Q8_0): widening int8 weights to float32 for FMAs made the product
 //             compute-bound below the memory's rate on AVX2 (11.5 GB/s on Zen 1);
 //   bfloat16: w [n / 16, k, 16] bfloat16, no scales, x float32, float32 sums.
-constexpr int64_t QGROUP = 64;
+constexpr int64_t QGROUP = Q8_GROUP;
 constexpr int NV = 16 / W;  // vectors per block of 16 outputs
 constexpr int MAX_R = 4;    // rows per pass over a block (the block stays in L1 between)
 
@@ -360,47 +360,22 @@ static inline void block_rows_bf16(const bf16* wb, const float* x, int64_t k, fl
 }
 
 // The R rows' sums over one block of 16 outputs of int8 weights (wb, its scales sb) and
-// int8 activations (xq [R, k] with scales xs [R, k / QGROUP]).
+// int8 activations (xq [R, k] with scales xs [R, k / QGROUP]). The float totals live in
+// acc (L1), touched once per group: kept in registers with the int32 sums, they pushed
+// a sum out to the stack, whose store-to-load latency then set the pace.
 template <int R>
 static inline void block_rows_int8(const int8_t* wb, const float* sb, const int8_t* xq,
                                    const float* xs, int64_t k, float (*acc)[16]) {
     const int64_t groups = k / QGROUP;
-    vf total[R][NV];
     for (int r = 0; r < R; ++r)
-        for (int u = 0; u < NV; ++u) total[r][u] = vzero();
+        for (int o = 0; o < 16; ++o) acc[r][o] = 0.f;
     for (int64_t g = 0; g < groups; ++g) {
         q8acc part[R];
-        for (int r = 0; r < R; ++r) part[r] = q8_zero();
+        for (int r = 0; r < R; ++r) q8_zero(part[r]);
         const int8_t* wg = wb + g * QGROUP * 16;
-        for (int64_t s = 0; s < QGROUP / 4; ++s) {
-            const q8w w = q8_load(wg + s * 64);
-            for (int r = 0; r < R; ++r) {
-                int32_t x4;
-                std::memcpy(&x4, xq + r * k + g * QGROUP + s * 4, 4);
-                part[r] = q8_dot(part[r], w, x4);
-            }
-        }
-        for (int r = 0; r < R; ++r) q8_fma(total[r], part[r], sb + g * 16, xs[r * groups + g]);
-    }
-    for (int r = 0; r < R; ++r)
-        for (int u = 0; u < NV; ++u) vstore(acc[r] + u * W, total[r][u]);
-}
-
-// x [rows, k] -> xq [rows, k] int8 and xs [rows, k / QGROUP]: per group, scale =
-// max|x| / 127 and q = x / scale rounded half away from zero (0 for an all-zero group).
-static void quantize_rows(const float* x, int8_t* xq, float* xs, int64_t rows, int64_t k) {
-    const int64_t groups = k / QGROUP;
-    for (int64_t j = 0; j < rows * groups; ++j) {
-        const float* xg = x + j * QGROUP;
-        float amax = 0.f;
-        for (int64_t i = 0; i < QGROUP; ++i) amax = std::max(amax, std::fabs(xg[i]));
-        const float scale = amax / 127.0f;
-        const float inv = amax > 0.f ? 127.0f / amax : 0.f;
-        xs[j] = scale;
-        for (int64_t i = 0; i < QGROUP; ++i) {
-            const float v = std::min(std::max(xg[i] * inv, -127.0f), 127.0f);
-            xq[j * QGROUP + i] = (int8_t)(int32_t)(v + (v >= 0.f ? 0.5f : -0.5f));
-        }
+        for (int64_t s = 0; s < QGROUP / 4; ++s)
+            q8_dot<R>(part, wg + s * 64, xq + g * QGROUP + s * 4, k);
+        for (int r = 0; r < R; ++r) q8_fma(acc[r], part[r], sb + g * 16, xs[r * groups + g]);
     }
 }
 
@@ -435,13 +410,13 @@ extern "C" void linear_int8_f32(const int8_t* w, const float* scales, const floa
                                 const float* residual, float* out, int64_t rows, int64_t n,
                                 int64_t k, int threads) {
     const int64_t groups = k / QGROUP;
-    // Quantised once per call, by the calling thread: rows * k values, a few
-    // microseconds next to the n * k weights every row meets.
+    // Quantised once per call, by the calling thread: rows * k values, about a
+    // microsecond a row next to the n * k weights every row meets.
     thread_local std::vector<int8_t> xq;
     thread_local std::vector<float> xs;
     xq.resize(rows * k);
     xs.resize(rows * groups);
-    quantize_rows(x, xq.data(), xs.data(), rows, k);
+    for (int64_t j = 0; j < rows * groups; ++j) xs[j] = q8_quantize(x + j * QGROUP, &xq[j * QGROUP]);
     const int8_t* q = xq.data();
     const float* s = xs.data();
     compact_linear(residual, out, rows, n, threads,

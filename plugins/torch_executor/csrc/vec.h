@@ -244,87 +244,140 @@ static inline void vprefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 #endif
 
 // ---------------------------------------------------------------- int8 dot products
-// One step of an int8 x int8 product over a block of 16 outputs and 4 inputs: weights
-// as 64 bytes [16 outputs][4 inputs] (signed, |w| <= 127), activations as the 4 inputs'
-// bytes in one int32 (signed, |x| <= 127), sums in int32 per output:
-//   q8w q8_load(const int8_t* w)          the step's 64 weight bytes;
-//   q8acc q8_dot(q8acc acc, q8w w, x4)    acc[o] += sum_j w[o][j] * x[j];
-//   q8_fma(vf* total, acc, ws, xs)        total[o] += float(acc[o]) * ws[o] * xs, over
-//                                         16 / W vectors, ws: 16 floats.
+// Activations quantised per group of 64, and one step of an int8 x int8 product over a
+// block of 16 outputs and 4 inputs for R rows: weights as 64 bytes [16 outputs][4
+// inputs] (signed, |w| <= 127), activations signed, |x| <= 127; sums exact in int32:
+//   float q8_quantize(const float* x, int8_t* q)
+//       the group's 64 values -> q = x * (127 / max|x|) rounded half away from zero
+//       (0 for an all-zero group); returns the scale max|x| / 127;
+//   q8_zero(q8acc& acc)
+//   q8_dot<R>(q8acc* acc, const int8_t* w, const int8_t* x, int64_t stride)
+//       acc[r][o] += sum_j w[o][j] * x[r * stride + j], j < 4, r < R;
+//   q8_fma(float* total, const q8acc& acc, const float* ws, float xs)
+//       total[o] += float(acc[o]) * ws[o] * xs; total, ws: 16 floats.
 // x86 multiplies unsigned by signed bytes (maddubs, dpbusd), so the weight's sign moves
 // onto the activation (|w| * sign(w) x, as llama.cpp does): with |x|, |w| <= 127 a pair
 // of products sums to at most 32258 and maddubs' int16 never saturates. A group's int32
-// sum (<= 64 * 127 * 127 < 2^24) converts to float exactly.
+// sum (<= 64 * 127 * 127 < 2^24) converts to float exactly, so every level computes the
+// same numbers.
+constexpr int Q8_GROUP = 64;
+
+// The scalar rounding every level matches: v + 0.5 (or - 0.5) in float, then truncated.
+static inline int8_t q8_round(float v) {
+    v = std::min(std::max(v, -127.0f), 127.0f);
+    return (int8_t)(int32_t)(v + (v >= 0.f ? 0.5f : -0.5f));
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-struct q8w { __m512i mag; __mmask64 neg; };
 struct q8acc { __m512i v; };
-static inline q8acc q8_zero() { return {_mm512_setzero_si512()}; }
-static inline q8w q8_load(const int8_t* p) {
-    const __m512i w = _mm512_loadu_si512(p);
-    return {_mm512_abs_epi8(w), _mm512_movepi8_mask(w)};
+static inline float q8_quantize(const float* x, int8_t* q) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 amax = _mm512_setzero_ps();
+    for (int i = 0; i < Q8_GROUP; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    const float m = _mm512_reduce_max_ps(amax);
+    const __m512 inv = _mm512_set1_ps(m > 0.f ? 127.0f / m : 0.f);
+    for (int i = 0; i < Q8_GROUP; i += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), inv);
+        const __m512 half = _mm512_or_ps(_mm512_and_ps(v, sign), _mm512_set1_ps(0.5f));
+        const __m512i t = _mm512_cvttps_epi32(_mm512_add_ps(v, half));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(t));
+    }
+    return m / 127.0f;
 }
-static inline q8acc q8_dot(q8acc acc, q8w w, int32_t x4) {
-    const __m512i x = _mm512_set1_epi32(x4);
-    const __m512i sx = _mm512_mask_sub_epi8(x, w.neg, _mm512_setzero_si512(), x);
+static inline void q8_zero(q8acc& acc) { acc.v = _mm512_setzero_si512(); }
+template <int R>
+static inline void q8_dot(q8acc* acc, const int8_t* wp, const int8_t* xp, int64_t stride) {
+    const __m512i w = _mm512_loadu_si512(wp);
+    const __m512i mag = _mm512_abs_epi8(w);
+    const __mmask64 neg = _mm512_movepi8_mask(w);
+    for (int r = 0; r < R; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xp + r * stride, 4);
+        const __m512i x = _mm512_set1_epi32(x4);
+        const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
 #if defined(__AVX512VNNI__)
-    return {_mm512_dpbusd_epi32(acc.v, w.mag, sx)};
+        acc[r].v = _mm512_dpbusd_epi32(acc[r].v, mag, sx);
 #else
-    const __m512i pairs = _mm512_maddubs_epi16(w.mag, sx);
-    return {_mm512_add_epi32(acc.v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))};
+        const __m512i pairs = _mm512_maddubs_epi16(mag, sx);
+        acc[r].v = _mm512_add_epi32(acc[r].v, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
+    }
 }
-static inline void q8_fma(vf* total, q8acc acc, const float* ws, float xs) {
+static inline void q8_fma(float* total, const q8acc& acc, const float* ws, float xs) {
     const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(ws), _mm512_set1_ps(xs));
-    total[0].v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc.v), s, total[0].v);
+    _mm512_storeu_ps(total, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc.v), s, _mm512_loadu_ps(total)));
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
-struct q8w { __m256i mag[2], w[2]; };  // outputs 0-7, 8-15
-struct q8acc { __m256i v[2]; };
-static inline q8acc q8_zero() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
-static inline q8w q8_load(const int8_t* p) {
-    q8w out;
-    for (int u = 0; u < 2; ++u) {
-        out.w[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * u));
-        out.mag[u] = _mm256_abs_epi8(out.w[u]);
+struct q8acc { __m256i v[2]; };  // outputs 0-7, 8-15
+static inline float q8_quantize(const float* x, int8_t* q) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < Q8_GROUP; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    const float m = vhmax({amax});
+    const __m256 inv = _mm256_set1_ps(m > 0.f ? 127.0f / m : 0.f);
+    for (int i = 0; i < Q8_GROUP; i += 32) {
+        __m256i t[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), inv);
+            const __m256 half = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(0.5f));
+            t[j] = _mm256_cvttps_epi32(_mm256_add_ps(v, half));
+        }
+        // Packs work within 128-bit lanes: the 32 bytes come out as dwords 0 2 4 6 1 3 5
+        // 7 of the order wanted; a dword permute restores it.
+        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(t[0], t[1]), _mm256_packs_epi32(t[2], t[3]));
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(b, order));
     }
-    return out;
+    return m / 127.0f;
 }
-static inline q8acc q8_dot(q8acc acc, q8w w, int32_t x4) {
-    const __m256i x = _mm256_set1_epi32(x4);
+static inline void q8_zero(q8acc& acc) { acc.v[0] = acc.v[1] = _mm256_setzero_si256(); }
+template <int R>
+static inline void q8_dot(q8acc* acc, const int8_t* wp, const int8_t* xp, int64_t stride) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int u = 0; u < 2; ++u) {
-        const __m256i pairs = _mm256_maddubs_epi16(w.mag[u], _mm256_sign_epi8(x, w.w[u]));
-        acc.v[u] = _mm256_add_epi32(acc.v[u], _mm256_madd_epi16(pairs, ones));
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32 * u));
+        const __m256i mag = _mm256_abs_epi8(w);
+        for (int r = 0; r < R; ++r) {
+            int32_t x4;
+            std::memcpy(&x4, xp + r * stride, 4);
+            const __m256i pairs = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
+            acc[r].v[u] = _mm256_add_epi32(acc[r].v[u], _mm256_madd_epi16(pairs, ones));
+        }
     }
-    return acc;
 }
-static inline void q8_fma(vf* total, q8acc acc, const float* ws, float xs) {
+static inline void q8_fma(float* total, const q8acc& acc, const float* ws, float xs) {
     const __m256 x = _mm256_set1_ps(xs);
     for (int u = 0; u < 2; ++u) {
         const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * u), x);
-        total[u].v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc.v[u]), s, total[u].v);
+        const __m256 t = _mm256_loadu_ps(total + 8 * u);
+        _mm256_storeu_ps(total + 8 * u, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc.v[u]), s, t));
     }
 }
 
 #else
-struct q8w { const int8_t* p; };
 struct q8acc { int32_t v[16]; };
-static inline q8acc q8_zero() { return {}; }
-static inline q8w q8_load(const int8_t* p) { return {p}; }
-static inline q8acc q8_dot(q8acc acc, q8w w, int32_t x4) {
-    int8_t x[4];
-    std::memcpy(x, &x4, 4);
-    for (int o = 0; o < 16; ++o) {
-        int32_t s = 0;
-        for (int j = 0; j < 4; ++j) s += (int32_t)w.p[o * 4 + j] * (int32_t)x[j];
-        acc.v[o] += s;
-    }
-    return acc;
+static inline float q8_quantize(const float* x, int8_t* q) {
+    float m = 0.f;
+    for (int i = 0; i < Q8_GROUP; ++i) m = std::max(m, std::fabs(x[i]));
+    const float inv = m > 0.f ? 127.0f / m : 0.f;
+    for (int i = 0; i < Q8_GROUP; ++i) q[i] = q8_round(x[i] * inv);
+    return m / 127.0f;
 }
-static inline void q8_fma(vf* total, q8acc acc, const float* ws, float xs) {
-    for (int u = 0; u < 16 / W; ++u)
-        for (int i = 0; i < W; ++i)
-            total[u].v[i] += (float)acc.v[u * W + i] * (ws[u * W + i] * xs);
+static inline void q8_zero(q8acc& acc) {
+    for (int o = 0; o < 16; ++o) acc.v[o] = 0;
+}
+template <int R>
+static inline void q8_dot(q8acc* acc, const int8_t* w, const int8_t* x, int64_t stride) {
+    for (int r = 0; r < R; ++r) {
+        for (int o = 0; o < 16; ++o) {
+            int32_t s = 0;
+            for (int j = 0; j < 4; ++j) s += (int32_t)w[o * 4 + j] * (int32_t)x[r * stride + j];
+            acc[r].v[o] += s;
+        }
+    }
+}
+static inline void q8_fma(float* total, const q8acc& acc, const float* ws, float xs) {
+    for (int o = 0; o < 16; ++o) total[o] += (float)acc.v[o] * (ws[o] * xs);
 }
 #endif
