@@ -5,14 +5,14 @@ A decode step reads every weight once and waits on memory, so its time follows t
 bytes the weights take: float32 4, ``bfloat16`` 2, ``int8`` 1 + 1/16 (one float32 scale
 per group of 64 inputs of an output, symmetric: ``W = q * scale``, ``|q| <= 127``).
 With ``bfloat16`` the kernels widen the weights in registers and compute in float32;
-with ``int8`` they quantise the activations the same way (per row and group of 64) and
-sum byte products exactly in int32 per group (``csrc/kernels.cpp``).
+with ``int8`` they quantise the activations to int16 per row and group of 64 and sum
+the integer products exactly in int32 per group (``csrc/vec.h`` says why int16).
 
 Layout, for each block of 16 outputs one contiguous stream:
 
 - ``int8``: ``values`` ``[out / 16, in / 4, 16, 4]``, 4 consecutive inputs of an output
-  adjacent (the operand of one byte dot product: AVX2 ``maddubs``, AVX-512 VNNI
-  ``dpbusd``); ``scales`` ``[out / 16, in / 64, 16]``;
+  adjacent (the weights of one step of the kernels' integer dot products: pairs of
+  inputs per ``madd``/``dpwssd`` lane); ``scales`` ``[out / 16, in / 64, 16]``;
 - ``bfloat16``: ``values`` ``[out / 16, in, 16]``, input by input.
 """
 

@@ -48,15 +48,15 @@ def test_rms_norm_and_silu_mul_match_torch(kernels: Kernels, dtype: torch.dtype,
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 projections' activation operand, computed as the kernels do in float32:
-    per row and group of 64, scale ``max|x| / 127`` and ``q = x * (127 / max|x|)``
-    rounded half away from zero -> ``(q [rows, k], scales [rows, k / 64])``."""
+    """The int8 projections' activation operand (int16), computed as the kernels do in
+    float32: per row and group of 64, scale ``max|x| / 32767`` and ``q = x * (32767 /
+    max|x|)`` rounded half away from zero -> ``(q [rows, k], scales [rows, k / 64])``."""
     groups = x.view(x.shape[0], -1, INT8_GROUP)
     amax = groups.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    v = (groups * inv).clamp(-127, 127)
+    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
+    v = (groups * inv).clamp(-32767, 32767)
     q = torch.sign(v) * torch.floor(v.abs() + 0.5)
-    return q.view_as(x), (amax / 127.0).squeeze(-1)
+    return q.view_as(x), (amax / 32767.0).squeeze(-1)
 
 
 SHAPES = [(16, 64), (960, 576), (576, 1536)]
@@ -70,8 +70,9 @@ def test_compact_projections_are_the_product_with_their_layout(
     kernels: Kernels, fmt: WeightFormat, out_features: int, in_features: int, rows: int
 ) -> None:
     """``residual + x @ W.T`` for the layout's exact weights (``CompactWeight.dense``)
-    and, for int8, the exact quantised activations (``quantized_activations``): int8 sums
-    are exact, bfloat16 ones float32, so within float32 rounding of the sum's magnitude."""
+    and, for int8, the exact quantised activations (``quantized_activations``): integer
+    sums are exact, bfloat16 ones float32, so within float32 rounding of the sum's
+    magnitude."""
     gen = torch.Generator().manual_seed(rows + out_features)
     layer = Linear(torch.randn(out_features, in_features, generator=gen))
     x = torch.randn(rows, in_features, generator=gen)
@@ -95,7 +96,7 @@ def test_int8_projections_are_within_their_activation_rounding_of_float32(
     kernels: Kernels, out_features: int, in_features: int, rows: int
 ) -> None:
     """Against the float32 product with the float32 activations: each activation moves
-    by at most half its group's step (max|x| / 127 / 2), so each output by at most
+    by at most half its group's step (max|x| / 32767 / 2), so each output by at most
     ``sum over groups of step / 2 * sum |W|`` (plus float32 rounding); on random data
     the typical error is far below that bound."""
     gen = torch.Generator().manual_seed(7 * rows + in_features)
@@ -104,7 +105,7 @@ def test_int8_projections_are_within_their_activation_rounding_of_float32(
     exact = layer.compact_weight(WeightFormat.INT8).dense().double()
     reference = x.double() @ exact.T
     groups = x.double().view(rows, -1, INT8_GROUP)
-    half_step = groups.abs().amax(-1) / 127 / 2  # [rows, groups]
+    half_step = groups.abs().amax(-1) / 32767 / 2  # [rows, groups]
     w_mass = exact.abs().view(out_features, -1, INT8_GROUP).sum(-1)  # [out, groups]
     bound = half_step @ w_mass.T + 1e-5 * (x.double().abs() @ exact.abs().T) + 1e-6
     err = (kernels.compact_linear(WeightFormat.INT8, layer, x).double() - reference).abs()

@@ -318,15 +318,16 @@ static void paged_attention(const T* q, const T* k, const T* v, const int64_t* t
 // y = residual + x W^T for the float32 model with W stored in fewer bytes, for the few
 // rows of a decode step, where a projection should only wait for its weights:
 //   int8:     w [n / 16, k / 4, 16, 4] int8 (each block of 16 outputs is one contiguous
-//             stream, 4 inputs of an output adjacent, as the byte dot products take
-//             them) and scales [n / 16, k / QGROUP, 16] float32, W[o, i] = w * scale
-//             of i's group of QGROUP inputs. x is quantised the same way per row and
-//             group (symmetric, scale max|x| / 127), the products summed exactly in
-//             int32 per group and scaled once per group in float32 (llama.cpp's
-//             Q8_0 x Q8_0): widening int8 weights to float32 for FMAs made the product
-//             compute-bound below the memory's rate on AVX2 (11.5 GB/s on Zen 1);
+//             stream, 4 inputs of an output adjacent, as a step of the dot
+//             products takes them) and scales [n / 16, k / QGROUP, 16] float32, W[o, i] = w * scale
+//             of i's group of QGROUP inputs. x is quantised per row and
+//             group in int16 (symmetric, scale max|x| / 32767; vec.h says why not
+//             int8), the products summed exactly in int32 per group and scaled once
+//             per group in float32: widening int8 weights to float32 for FMAs made
+//             the product compute-bound below the memory's rate on AVX2 (11.5 GB/s on
+//             Zen 1);
 //   bfloat16: w [n / 16, k, 16] bfloat16, no scales, x float32, float32 sums.
-constexpr int64_t QGROUP = Q8_GROUP;
+constexpr int64_t QGROUP = Q_GROUP;
 constexpr int NV = 16 / W;  // vectors per block of 16 outputs
 constexpr int MAX_R = 4;    // rows per pass over a block (the block stays in L1 between)
 
@@ -360,22 +361,22 @@ static inline void block_rows_bf16(const bf16* wb, const float* x, int64_t k, fl
 }
 
 // The R rows' sums over one block of 16 outputs of int8 weights (wb, its scales sb) and
-// int8 activations (xq [R, k] with scales xs [R, k / QGROUP]). The float totals live in
+// int16 activations (xq [R, k] with scales xs [R, k / QGROUP]). The float totals live in
 // acc (L1), touched once per group: kept in registers with the int32 sums, they pushed
 // a sum out to the stack, whose store-to-load latency then set the pace.
 template <int R>
-static inline void block_rows_int8(const int8_t* wb, const float* sb, const int8_t* xq,
+static inline void block_rows_int8(const int8_t* wb, const float* sb, const int16_t* xq,
                                    const float* xs, int64_t k, float (*acc)[16]) {
     const int64_t groups = k / QGROUP;
     for (int r = 0; r < R; ++r)
         for (int o = 0; o < 16; ++o) acc[r][o] = 0.f;
     for (int64_t g = 0; g < groups; ++g) {
-        q8acc part[R];
-        for (int r = 0; r < R; ++r) q8_zero(part[r]);
+        qacc part[R];
+        for (int r = 0; r < R; ++r) q_zero(part[r]);
         const int8_t* wg = wb + g * QGROUP * 16;
         for (int64_t s = 0; s < QGROUP / 4; ++s)
-            q8_dot<R>(part, wg + s * 64, xq + g * QGROUP + s * 4, k);
-        for (int r = 0; r < R; ++r) q8_fma(acc[r], part[r], sb + g * 16, xs[r * groups + g]);
+            q_dot<R>(part, wg + s * 64, xq + g * QGROUP + s * 4, k);
+        for (int r = 0; r < R; ++r) q_fma(acc[r], part[r], sb + g * 16, xs[r * groups + g]);
     }
 }
 
@@ -412,24 +413,26 @@ extern "C" void linear_int8_f32(const int8_t* w, const float* scales, const floa
     const int64_t groups = k / QGROUP;
     // Quantised once per call, by the calling thread: rows * k values, about a
     // microsecond a row next to the n * k weights every row meets.
-    thread_local std::vector<int8_t> xq;
+    thread_local std::vector<int16_t> xq;
     thread_local std::vector<float> xs;
     xq.resize(rows * k);
     xs.resize(rows * groups);
-    for (int64_t j = 0; j < rows * groups; ++j) xs[j] = q8_quantize(x + j * QGROUP, &xq[j * QGROUP]);
-    const int8_t* q = xq.data();
+    for (int64_t j = 0; j < rows * groups; ++j) xs[j] = qx_quantize(x + j * QGROUP, &xq[j * QGROUP]);
+    const int16_t* q = xq.data();
     const float* s = xs.data();
     compact_linear(residual, out, rows, n, threads,
                    [=](int64_t b, int64_t r0, int m, float (*acc)[16]) {
         const int8_t* wb = w + b * k * 16;
         const float* sb = scales + b * groups * 16;
-        const int8_t* xr = q + r0 * k;
-        const float* sr = s + r0 * groups;
-        switch (m) {
-            case 1: block_rows_int8<1>(wb, sb, xr, sr, k, acc); break;
-            case 2: block_rows_int8<2>(wb, sb, xr, sr, k, acc); break;
-            case 3: block_rows_int8<3>(wb, sb, xr, sr, k, acc); break;
-            default: block_rows_int8<4>(wb, sb, xr, sr, k, acc); break;
+        for (int r = 0; r < m; r += Q_ROWS) {
+            const int16_t* xr = q + (r0 + r) * k;
+            const float* sr = s + (r0 + r) * groups;
+            switch (std::min(m - r, Q_ROWS)) {
+                case 1: block_rows_int8<1>(wb, sb, xr, sr, k, acc + r); break;
+                case 2: block_rows_int8<2>(wb, sb, xr, sr, k, acc + r); break;
+                case 3: block_rows_int8<3>(wb, sb, xr, sr, k, acc + r); break;
+                default: block_rows_int8<4>(wb, sb, xr, sr, k, acc + r); break;
+            }
         }
     });
 }
