@@ -159,8 +159,12 @@ sides = {"llamacpp": "llama.cpp", "ours": "ours"}
 
 
 def summary(run: str, side: str) -> dict:
+    return run_of(run, side)["summary"]
+
+
+def run_of(run: str, side: str) -> dict:
     doc = json.loads((out / f"{run}-{side}" / "summary.json").read_text())
-    return doc["runs"][0]["summary"]
+    return doc["runs"][0]
 
 
 # Ratios mean something only if both servers did the same work: every request answered,
@@ -196,6 +200,11 @@ print(f"CPU: {cpu}; instruction set (CPUID, as torch reads it): "
 cpu_flags = log_line(build_log, r"Adding CPU backend variant ggml-cpu: (\S+)").replace(";", " ")
 print(f"llama.cpp ({flavour} build): ggml-cpu built with {cpu_flags}")
 print(f"ours: {log_line(out / 'serve-ours.log', r'torch executor: (device .*)')}")
+
+# Requests the client sent again because the server had closed their kept-alive
+# connection before answering (they never reached it; see orchestrator/bench/client.py).
+resent = {s: sum(run_of(r, s).get("retries", 0) for r in ("single", "concurrent")) for s in sides}
+print(f"resent on a fresh connection: llama.cpp {resent['llamacpp']}, ours {resent['ours']}")
 
 tpot = {s: 1e3 * summary("single", s)["tpot_s"]["p50"] for s in sides}
 tput = {s: summary("concurrent", s)["output_throughput_tok_s"] for s in sides}

@@ -280,6 +280,12 @@ def _print_report(report: BenchReport, num_requests: int) -> None:
         console.print(Text(header, style="bold"), soft_wrap=True)
         console.print(sweep_table(report.runs))
     for run in report.runs:
+        if run.retries:
+            err_console.print(
+                f"note: {run.description}: {run.retries} request(s) sent again on a fresh "
+                "connection after the server closed a kept-alive one before answering",
+                markup=False,
+            )
         lag = run.send_lag_p99_s
         if lag is not None and lag > SEND_LAG_WARN_S:
             err_console.print(

@@ -7,6 +7,12 @@ requests a load shape keeps open) carries every stream. Each request is timed wi
 arrival time of every SSE event that carries text. A request that fails for any reason
 (HTTP status, transport error, malformed stream) returns a ``StreamResult`` with
 ``error`` set; it is never dropped.
+
+One failure is retried: a pooled keep-alive connection that the server had closed (it
+drops idle ones on its own schedule, e.g. llama.cpp's ``llama-server``) fails the
+request before any response byte arrives. Such a request never reached the server, so
+it is sent once more, on a fresh connection, and counted in ``StreamResult.retries``;
+anything that failed after a byte arrived is the server's answer and is never resent.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class StreamResult:
     completion_tokens: int | None = None
     status_code: int | None = None
     error: str | None = None
+    retries: int = 0  # sends repeated after the connection closed before any response
 
 
 class NotOpenAIError(Exception):
@@ -154,15 +161,16 @@ class StreamClient:
         self.model = model
         self.ignore_eos = ignore_eos
         self.endpoint = self.base_url + api.path
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # pool=None: with the pool sized to the load, waiting for a connection is
+        # bounded by the requests ahead, not a failure.
+        self._timeout = httpx.Timeout(timeout_s, connect=10.0, pool=None)
         self._http = httpx.AsyncClient(
-            headers=headers,
+            headers=self._headers,
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
-            # pool=None: with the pool sized to the load, waiting for a connection is
-            # bounded by the requests ahead, not a failure.
-            timeout=httpx.Timeout(timeout_s, connect=10.0, pool=None),
+            timeout=self._timeout,
         )
 
     async def __aenter__(self) -> StreamClient:
@@ -262,11 +270,31 @@ class StreamClient:
 
     async def stream(self, request: BenchRequest) -> StreamResult:
         """Send ``request`` and read its stream to the end; never raises for a failed
-        request (the failure is in the result)."""
+        request (the failure is in the result). A send whose connection closed before
+        any response byte is repeated once on a fresh connection (module doc);
+        ``send_time`` stays the first send's, so the lost attempt counts in the TTFT."""
         body = self.body(request)
         result = StreamResult(request.request_id, send_time=time.perf_counter())
+        unanswered = await self._attempt(self._http, body, result)
+        if unanswered:
+            result.retries += 1
+            result.error = None
+            async with httpx.AsyncClient(headers=self._headers, timeout=self._timeout) as fresh:
+                await self._attempt(fresh, body, result)
+        result.end_time = time.perf_counter()
+        if result.error is not None and result.status_code == 200:
+            # A 200 followed by a failure is not an HTTP status error; errors are then
+            # grouped by their message instead.
+            result.status_code = None
+        return result
+
+    async def _attempt(
+        self, http: httpx.AsyncClient, body: dict[str, Any], result: StreamResult
+    ) -> bool:
+        """One send of ``body`` over ``http``, recorded into ``result``; true when it
+        failed because the connection closed before any response byte arrived."""
         try:
-            async with self._http.stream("POST", self.endpoint, json=body) as resp:
+            async with http.stream("POST", self.endpoint, json=body) as resp:
                 result.status_code = resp.status_code
                 if resp.status_code != 200:
                     result.error = _error_body(await resp.aread())
@@ -278,16 +306,12 @@ class StreamClient:
                     await self._read_events(resp, result)
         except httpx.HTTPError as err:
             result.error = _describe(err)
+            return result.status_code is None and _closed_before_response(err)
         except NotOpenAIError as err:
             result.error = f"non-OpenAI response: {err}"
         except ServerStreamError as err:
             result.error = f"error event in stream: {err}"
-        result.end_time = time.perf_counter()
-        if result.error is not None and result.status_code == 200:
-            # A 200 followed by a failure is not an HTTP status error; errors are then
-            # grouped by their message instead.
-            result.status_code = None
-        return result
+        return False
 
     async def _read_events(self, resp: httpx.Response, result: StreamResult) -> None:
         parts: list[str] = []
@@ -319,6 +343,16 @@ class StreamClient:
             result.error = "stream ended before a finish_reason or [DONE]"
         elif not result.chunk_times:
             result.error = NO_TOKENS_ERROR
+
+
+def _closed_before_response(err: httpx.HTTPError) -> bool:
+    """Whether ``err`` (raised before a response's status line was read) means the
+    connection was closed or reset under the request: httpcore says "Server disconnected
+    without sending a response" for a clean close, and a reset is a read or write error.
+    A connect error or a timeout is not one (the server may be down, or working)."""
+    if isinstance(err, httpx.RemoteProtocolError):
+        return "without sending a response" in str(err)
+    return isinstance(err, httpx.ReadError | httpx.WriteError)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -23,7 +23,8 @@ class RunSummary:
     """One run of a benchmark: its load shape (as JSON, and described in words), its
     offered rate (requests/s; ``None`` for a burst or a closed loop), the metrics, the
     client's p99 lag behind the send schedule (seconds; ``None`` for a closed loop) and
-    the records file name."""
+    the records file name, and how many requests were resent once because their
+    connection closed before any response (``StreamResult.retries``)."""
 
     load: dict[str, Any]
     description: str
@@ -31,6 +32,7 @@ class RunSummary:
     summary: Summary
     send_lag_p99_s: float | None
     records_file: str
+    retries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +113,7 @@ def write_report(path: Path, report: BenchReport) -> None:
             "summary": summary_to_json(r.summary),
             "send_lag_p99_s": _num(r.send_lag_p99_s) if r.send_lag_p99_s is not None else None,
             "records_file": r.records_file,
+            "retries": r.retries,
         }
         for r in report.runs
     ]
@@ -135,6 +138,7 @@ def read_report(path: Path) -> BenchReport:
                 summary=summary_from_json(r["summary"]),
                 send_lag_p99_s=r["send_lag_p99_s"],
                 records_file=r["records_file"],
+                retries=r.get("retries", 0),  # absent from summaries written before
             )
             for r in doc["runs"]
         ]

@@ -145,5 +145,6 @@ def summarize_run(
         summary=summarize(records, run.duration_s, slo),
         send_lag_p99_s=percentile(run.send_lags_s, 99) if run.send_lags_s else None,
         records_file=records_file,
+        retries=sum(r.retries for r in run.results),
     )
     return summary, records

@@ -4,10 +4,16 @@ bfloat16, in the layout the CPU kernels' compact projections read (``csrc/kernel
 A decode step reads every weight once and waits on memory, so its time follows the
 bytes the weights take: float32 4, ``bfloat16`` 2, ``int8`` 1 + 1/16 (one float32 scale
 per group of 64 inputs of an output, symmetric: ``W = q * scale``, ``|q| <= 127``).
-Arithmetic stays float32: the kernels widen the weights in registers.
+With ``bfloat16`` the kernels widen the weights in registers and compute in float32;
+with ``int8`` they quantise the activations to int16 per row and group of 64 and sum
+the integer products exactly in int32 per group (``csrc/vec.h`` says why int16).
 
-Layout: ``values`` ``[out / 16, in, 16]``: for each block of 16 outputs, input by input,
-so a block is one contiguous stream; ``scales`` ``[out / 16, in / 64, 16]`` (int8 only).
+Layout, for each block of 16 outputs one contiguous stream:
+
+- ``int8``: ``values`` ``[out / 16, in / 4, 16, 4]``, 4 consecutive inputs of an output
+  adjacent (the weights of one step of the kernels' integer dot products: pairs of
+  inputs per ``madd``/``dpwssd`` lane); ``scales`` ``[out / 16, in / 64, 16]``;
+- ``bfloat16``: ``values`` ``[out / 16, in, 16]``, input by input.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ class CompactWeight:
     """A ``[out_features, in_features]`` weight in ``format``'s layout (module doc)."""
 
     format: WeightFormat
-    values: torch.Tensor  # [out / 16, in, 16], int8 or bfloat16
+    values: torch.Tensor  # int8 [out / 16, in / 4, 16, 4]; bfloat16 [out / 16, in, 16]
     scales: torch.Tensor | None  # [out / 16, in / 64, 16] float32 for int8, else None
 
     @property
@@ -45,11 +51,13 @@ class CompactWeight:
 
     def dense(self) -> torch.Tensor:
         """The float32 ``[out, in]`` weight this layout stands for (the kernels' exact
-        operand: their results are this times ``x``, summed in float32)."""
-        blocks, inp, _ = self.values.shape
-        w = self.values.float()  # [blocks, in, 16]
-        if self.scales is not None:
+        weight operand)."""
+        w = self.values.float()
+        if self.scales is not None:  # [blocks, in / 4, 16, 4] -> [blocks, in, 16]
+            blocks, quads = w.shape[:2]
+            w = w.permute(0, 1, 3, 2).reshape(blocks, quads * 4, BLOCK)
             w = w * self.scales.repeat_interleave(INT8_GROUP, dim=1)
+        blocks, inp, _ = w.shape
         return w.permute(0, 2, 1).reshape(blocks * BLOCK, inp)
 
 
@@ -74,8 +82,8 @@ def compact(weight: torch.Tensor, fmt: WeightFormat) -> CompactWeight:
         scale = groups.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30) / 127.0
         q = torch.round(groups / scale).clamp_(-127, 127).to(torch.int8).view(out, inp)
         scales = scale.view(out // BLOCK, BLOCK, inp // INT8_GROUP).permute(0, 2, 1).contiguous()
-        values = q
+        blocked = q.view(out // BLOCK, BLOCK, inp // 4, 4).permute(0, 2, 1, 3).contiguous()
     else:
         values = w.to(torch.bfloat16)
-    blocked = values.view(out // BLOCK, BLOCK, inp).permute(0, 2, 1).contiguous()
+        blocked = values.view(out // BLOCK, BLOCK, inp).permute(0, 2, 1).contiguous()
     return CompactWeight(fmt, blocked, scales)

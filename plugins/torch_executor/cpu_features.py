@@ -38,6 +38,7 @@ class CpuFeatures:
     avx512bw: bool = False
     avx512vl: bool = False
     avx512dq: bool = False
+    avx512_vnni: bool = False
     avx512_bf16: bool = False
     avx_ne_convert: bool = False
     amx_tile: bool = False
@@ -113,7 +114,7 @@ def _read_x86() -> CpuFeatures:
     ymm = xcr0 & 0x6 == 0x6  # the OS saves SSE and AVX state
     zmm = ymm and xcr0 & 0xE0 == 0xE0  # ... and opmask, ZMM_Hi256, Hi16_ZMM
     tiles = xcr0 & 0x60000 == 0x60000  # XTILECFG, XTILEDATA
-    _, ebx7, _, edx7 = m.registers(7, 0) if max_leaf >= 7 else (0, 0, 0, 0)
+    _, ebx7, ecx7, edx7 = m.registers(7, 0) if max_leaf >= 7 else (0, 0, 0, 0)
     eax71, _, _, edx71 = m.registers(7, 1) if max_leaf >= 7 else (0, 0, 0, 0)
     return CpuFeatures(
         avx2=ymm and _bit(ebx7, 5),
@@ -123,6 +124,7 @@ def _read_x86() -> CpuFeatures:
         avx512dq=zmm and _bit(ebx7, 17),
         avx512bw=zmm and _bit(ebx7, 30),
         avx512vl=zmm and _bit(ebx7, 31),
+        avx512_vnni=zmm and _bit(ecx7, 11),
         avx512_bf16=zmm and _bit(eax71, 5),
         avx_ne_convert=ymm and _bit(edx71, 5),
         amx_tile=tiles and _bit(edx7, 24),

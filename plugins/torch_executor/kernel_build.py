@@ -6,7 +6,7 @@ one level, so a build never depends on the machine that runs it (no ``-march=nat
 ==========  ==================================================  =========================
 variant     flags                                               runs where the CPU has
 ==========  ==================================================  =========================
-amx         x86-64-v4, AVX512-BF16, AMX-TILE, AMX-BF16          all of those
+amx         x86-64-v4, AVX512-VNNI, AVX512-BF16, AMX-TILE/BF16  all of those
 avx512      x86-64-v4 (AVX-512 F/BW/VL/DQ)                      AVX-512 F/BW/VL/DQ
 avx2        x86-64-v3 (AVX2, FMA, F16C)                         AVX2, FMA and F16C
 portable    none (the compiler's baseline: SSE2, or NEON ...)   anything
@@ -82,13 +82,14 @@ VARIANTS: tuple[Variant, ...] = (
         "amx",
         (
             "-march=x86-64-v4",
+            "-mavx512vnni",
             "-mavx512bf16",
             "-mamx-tile",
             "-mamx-bf16",
             "-mprefer-vector-width=512",
         ),
         ("kernels.cpp", "tile_linear.cpp"),
-        lambda f: f.x86_64_v4 and f.avx512_bf16 and f.amx_tile and f.amx_bf16,
+        lambda f: f.x86_64_v4 and f.avx512_vnni and f.avx512_bf16 and f.amx_tile and f.amx_bf16,
         None,
         has_tiles=True,
     ),

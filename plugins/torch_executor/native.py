@@ -20,7 +20,9 @@ Numerics: float32 accumulation everywhere; in bfloat16, RMSNorm, RoPE and SiLU r
 where transformers' bfloat16 graph rounds (RMSNorm and RoPE match it bit for bit, but
 for values below 2^-126, which flush to zero in the ``amx`` build); attention keeps its
 scores and probabilities in float32 (transformers rounds them to bfloat16), which is
-closer to the float32 model; projections sum exact products in float32 and round once.
+closer to the float32 model; projections sum exact products in float32 and round once,
+but for int8 weights, whose kernels quantise each row of activations to int16 per group
+of 64 and sum the integer products exactly in int32 per group (``compact.py``).
 """
 
 from __future__ import annotations

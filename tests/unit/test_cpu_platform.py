@@ -22,7 +22,7 @@ AVX512 = CpuFeatures(
 def amx_features() -> CpuFeatures:
     return CpuFeatures(
         avx2=True, fma=True, f16c=True, avx512f=True, avx512bw=True, avx512vl=True,
-        avx512dq=True, avx512_bf16=True, amx_tile=True, amx_bf16=True,
+        avx512dq=True, avx512_vnni=True, avx512_bf16=True, amx_tile=True, amx_bf16=True,
     )  # fmt: skip
 
 

@@ -47,25 +47,85 @@ def test_rms_norm_and_silu_mul_match_torch(kernels: Kernels, dtype: torch.dtype,
     )
 
 
+def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 projections' activation operand (int16), computed as the kernels do in
+    float32: per row and group of 64, scale ``max|x| / 32767`` and ``q = x * (32767 /
+    max|x|)`` rounded half away from zero -> ``(q [rows, k], scales [rows, k / 64])``."""
+    groups = x.view(x.shape[0], -1, INT8_GROUP)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 32767.0 / amax, torch.zeros_like(amax))
+    v = (groups * inv).clamp(-32767, 32767)
+    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
+    return q.view_as(x), (amax / 32767.0).squeeze(-1)
+
+
+SHAPES = [(16, 64), (960, 576), (576, 1536)]
+ROWS = [1, 2, 3, 4, 5, 9, COMPACT_MAX_ROWS]
+
+
 @pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.BFLOAT16])
-@pytest.mark.parametrize(("out_features", "in_features"), [(16, 64), (960, 576), (576, 1536)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, COMPACT_MAX_ROWS])
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
 def test_compact_projections_are_the_product_with_their_layout(
     kernels: Kernels, fmt: WeightFormat, out_features: int, in_features: int, rows: int
 ) -> None:
-    """``residual + x @ W.T`` for the layout's exact weights (``CompactWeight.dense``),
-    summed in float32 (so within float32 rounding of the sum's magnitude)."""
+    """``residual + x @ W.T`` for the layout's exact weights (``CompactWeight.dense``)
+    and, for int8, the exact quantised activations (``quantized_activations``): integer
+    sums are exact, bfloat16 ones float32, so within float32 rounding of the sum's
+    magnitude."""
     gen = torch.Generator().manual_seed(rows + out_features)
     layer = Linear(torch.randn(out_features, in_features, generator=gen))
     x = torch.randn(rows, in_features, generator=gen)
     residual = torch.randn(rows, out_features, generator=gen)
     exact = layer.compact_weight(fmt).dense().double()
-    expected = (x.double() @ exact.T + residual.double()).float()
-    bound = 1e-5 * (x.abs().double() @ exact.abs().T).max().item() + 1e-6
+    operand = x.double()
+    if fmt is WeightFormat.INT8:
+        q, scales = quantized_activations(x)
+        operand = q.double() * scales.double().repeat_interleave(INT8_GROUP, dim=1)
+    expected = (operand @ exact.T + residual.double()).float()
+    bound = 1e-5 * (operand.abs() @ exact.abs().T).max().item() + 1e-6
     got = kernels.compact_linear_add(fmt, layer, x, residual)
     assert (got - expected).abs().max().item() <= bound
     plain = kernels.compact_linear(fmt, layer, x)
     assert (plain - (expected - residual)).abs().max().item() <= bound + 1e-5
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), SHAPES)
+@pytest.mark.parametrize("rows", [1, 4, COMPACT_MAX_ROWS])
+def test_int8_projections_are_within_their_activation_rounding_of_float32(
+    kernels: Kernels, out_features: int, in_features: int, rows: int
+) -> None:
+    """Against the float32 product with the float32 activations: each activation moves
+    by at most half its group's step (max|x| / 32767 / 2), so each output by at most
+    ``sum over groups of step / 2 * sum |W|`` (plus float32 rounding); on random data
+    the typical error is far below that bound."""
+    gen = torch.Generator().manual_seed(7 * rows + in_features)
+    layer = Linear(torch.randn(out_features, in_features, generator=gen))
+    x = torch.randn(rows, in_features, generator=gen) * 3
+    exact = layer.compact_weight(WeightFormat.INT8).dense().double()
+    reference = x.double() @ exact.T
+    groups = x.double().view(rows, -1, INT8_GROUP)
+    half_step = groups.abs().amax(-1) / 32767 / 2  # [rows, groups]
+    w_mass = exact.abs().view(out_features, -1, INT8_GROUP).sum(-1)  # [out, groups]
+    bound = half_step @ w_mass.T + 1e-5 * (x.double().abs() @ exact.abs().T) + 1e-6
+    err = (kernels.compact_linear(WeightFormat.INT8, layer, x).double() - reference).abs()
+    assert (err <= bound).all()
+    # Rounding errors cancel: the mean error is a small fraction of the worst case.
+    assert err.mean().item() <= 0.1 * bound.mean().item()
+
+
+def test_int8_projections_of_all_zero_groups_are_zero(kernels: Kernels) -> None:
+    """A group of zeros has scale 0 (no division by it): its products add nothing."""
+    layer = Linear(torch.randn(32, 3 * INT8_GROUP))
+    x = torch.randn(2, 3 * INT8_GROUP)
+    x[0] = 0.0
+    x[1, INT8_GROUP : 2 * INT8_GROUP] = 0.0
+    got = kernels.compact_linear(WeightFormat.INT8, layer, x)
+    assert torch.equal(got[0], torch.zeros(32))
+    exact = layer.compact_weight(WeightFormat.INT8).dense()
+    q, scales = quantized_activations(x[1:])
+    operand = q * scales.repeat_interleave(INT8_GROUP, dim=1)
+    torch.testing.assert_close(got[1:], operand @ exact.T, atol=1e-4, rtol=1e-5)
 
 
 def test_compact_projections_leave_long_batches_to_the_dense_matmul(kernels: Kernels) -> None:
@@ -75,13 +135,14 @@ def test_compact_projections_leave_long_batches_to_the_dense_matmul(kernels: Ker
 
 
 def test_int8_layout_and_error_bound() -> None:
-    """Blocks of 16 outputs, input by input; each weight within half a step (its group's
-    largest magnitude / 127 / 2) of the original."""
+    """Blocks of 16 outputs, 4 inputs of an output adjacent; each weight within half a
+    step (its group's largest magnitude / 127 / 2) of the original."""
     w = torch.randn(48, 2 * INT8_GROUP)
     c = compact(w, WeightFormat.INT8)
-    assert c.values.shape == (3, 2 * INT8_GROUP, 16) and c.values.dtype == torch.int8
+    assert c.values.shape == (3, 2 * INT8_GROUP // 4, 16, 4) and c.values.dtype == torch.int8
     assert c.scales is not None and c.scales.shape == (3, 2, 16)
-    assert c.values[1, 5, 7] == torch.round(w[16 + 7, 5] / c.scales[1, 0, 7])
+    assert c.values[1, 5 // 4, 7, 5 % 4] == torch.round(w[16 + 7, 5] / c.scales[1, 0, 7])
+    assert c.values[2, 100 // 4, 3, 100 % 4] == torch.round(w[32 + 3, 100] / c.scales[2, 1, 3])
     step = w.view(48, 2, INT8_GROUP).abs().amax(-1, keepdim=True) / 127
     err = (c.dense() - w).view(48, 2, INT8_GROUP).abs()
     assert (err <= step / 2 + 1e-7).all()

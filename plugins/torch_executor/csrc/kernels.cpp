@@ -3,7 +3,8 @@
 // projections over compact weights (int8 with per-group scales, or bfloat16) for the
 // float32 model. Written once over vec.h; built once per ISA level (kernel_build.py).
 //
-// Numerics: float32 accumulation everywhere; in bfloat16, RMSNorm, RoPE and SiLU round
+// Numerics: float32 accumulation everywhere (the int8 projections: exact int32 sums per
+// group of 64 inputs, scaled and summed in float32); in bfloat16, RMSNorm, RoPE and SiLU round
 // where transformers' bfloat16 graph rounds; attention keeps its scores and
 // probabilities in float32.
 #include <omp.h>
@@ -315,79 +316,84 @@ static void paged_attention(const T* q, const T* k, const T* v, const int64_t* t
 
 // ---------------------------------------------------------------- compact projections
 // y = residual + x W^T for the float32 model with W stored in fewer bytes, for the few
-// rows of a decode step, where a projection only waits for its weights from memory:
-//   int8:     w [n / 16, k, 16] int8 (each block of 16 outputs input by input, so a block
-//             streams from one contiguous range) and scales [n / 16, k / QGROUP, 16]
-//             float32, W[o, i] = w * scale of i's group of QGROUP inputs;
-//   bfloat16: w [n / 16, k, 16] bfloat16, no scales.
-// Sums are float32; a group's partial sum is scaled once, at the end of the group.
-constexpr int64_t QGROUP = 64;
+// rows of a decode step, where a projection should only wait for its weights:
+//   int8:     w [n / 16, k / 4, 16, 4] int8 (each block of 16 outputs is one contiguous
+//             stream, 4 inputs of an output adjacent, as a step of the dot
+//             products takes them) and scales [n / 16, k / QGROUP, 16] float32, W[o, i] = w * scale
+//             of i's group of QGROUP inputs. x is quantised per row and
+//             group in int16 (symmetric, scale max|x| / 32767; vec.h says why not
+//             int8), the products summed exactly in int32 per group and scaled once
+//             per group in float32: widening int8 weights to float32 for FMAs made
+//             the product compute-bound below the memory's rate on AVX2 (11.5 GB/s on
+//             Zen 1);
+//   bfloat16: w [n / 16, k, 16] bfloat16, no scales, x float32, float32 sums.
+constexpr int64_t QGROUP = Q_GROUP;
 constexpr int NV = 16 / W;  // vectors per block of 16 outputs
 constexpr int MAX_R = 4;    // rows per pass over a block (the block stays in L1 between)
 
-template <typename WT, int R>
-static inline void block_rows(const WT* wb, const float* sb, const float* x, int64_t k,
-                              float (*acc)[16]) {
+// The R rows' sums over one block of 16 outputs of bfloat16 weights.
+template <int R>
+static inline void block_rows_bf16(const bf16* wb, const float* x, int64_t k, float (*acc)[16]) {
     // With one row, two partial sums over alternate inputs: one would be a chain of
     // dependent FMAs whose latency, not the memory, would set the pace.
     constexpr int P = R == 1 ? 2 : 1;
-    const int64_t group = std::is_same_v<WT, int8_t> ? QGROUP : k;
-    vf total[R][NV];
-    for (int r = 0; r < R; ++r)
-        for (int u = 0; u < NV; ++u) total[r][u] = vzero();
-    for (int64_t g0 = 0; g0 < k; g0 += group) {
-        vf part[P][R][NV];
-        for (int p = 0; p < P; ++p)
-            for (int r = 0; r < R; ++r)
-                for (int u = 0; u < NV; ++u) part[p][r][u] = vzero();
-        for (int64_t i = g0; i < g0 + group; i += P) {
-            for (int p = 0; p < P; ++p) {
-                const WT* wi = wb + (i + p) * 16;
-                for (int u = 0; u < NV; ++u) {
-                    const vf wv = vload(wi + u * W);
-                    for (int r = 0; r < R; ++r)
-                        part[p][r][u] = vfma(vset1(x[r * k + i + p]), wv, part[p][r][u]);
-                }
-            }
-        }
-        for (int r = 0; r < R; ++r) {
+    vf part[P][R][NV];
+    for (int p = 0; p < P; ++p)
+        for (int r = 0; r < R; ++r)
+            for (int u = 0; u < NV; ++u) part[p][r][u] = vzero();
+    for (int64_t i = 0; i < k; i += P) {
+        for (int p = 0; p < P; ++p) {
+            const bf16* wi = wb + (i + p) * 16;
             for (int u = 0; u < NV; ++u) {
-                vf sum = part[0][r][u];
-                for (int p = 1; p < P; ++p) sum = sum + part[p][r][u];
-                if constexpr (std::is_same_v<WT, int8_t>) {
-                    total[r][u] = vfma(sum, vload(sb + (g0 / QGROUP) * 16 + u * W), total[r][u]);
-                } else {
-                    total[r][u] = total[r][u] + sum;
-                }
+                const vf wv = vload(wi + u * W);
+                for (int r = 0; r < R; ++r)
+                    part[p][r][u] = vfma(vset1(x[r * k + i + p]), wv, part[p][r][u]);
             }
         }
     }
+    for (int r = 0; r < R; ++r) {
+        for (int u = 0; u < NV; ++u) {
+            vf sum = part[0][r][u];
+            for (int p = 1; p < P; ++p) sum = sum + part[p][r][u];
+            vstore(acc[r] + u * W, sum);
+        }
+    }
+}
+
+// The R rows' sums over one block of 16 outputs of int8 weights (wb, its scales sb) and
+// int16 activations (xq [R, k] with scales xs [R, k / QGROUP]). The float totals live in
+// acc (L1), touched once per group: kept in registers with the int32 sums, they pushed
+// a sum out to the stack, whose store-to-load latency then set the pace.
+template <int R>
+static inline void block_rows_int8(const int8_t* wb, const float* sb, const int16_t* xq,
+                                   const float* xs, int64_t k, float (*acc)[16]) {
+    const int64_t groups = k / QGROUP;
     for (int r = 0; r < R; ++r)
-        for (int u = 0; u < NV; ++u) vstore(acc[r] + u * W, total[r][u]);
+        for (int o = 0; o < 16; ++o) acc[r][o] = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+        qacc part[R];
+        for (int r = 0; r < R; ++r) q_zero(part[r]);
+        const int8_t* wg = wb + g * QGROUP * 16;
+        for (int64_t s = 0; s < QGROUP / 4; ++s)
+            q_dot<R>(part, wg + s * 64, xq + g * QGROUP + s * 4, k);
+        for (int r = 0; r < R; ++r) q_fma(acc[r], part[r], sb + g * 16, xs[r * groups + g]);
+    }
 }
 
 // x: [rows, k] float32; out (and residual, unless null): [rows, n]; n a multiple of 16,
-// k of QGROUP (int8) or of 2 (bfloat16).
-template <typename WT>
-static void compact_linear(const WT* w, const float* scales, const float* x,
-                           const float* residual, float* out, int64_t rows, int64_t n,
-                           int64_t k, int threads) {
+// k of QGROUP (int8) or of 2 (bfloat16). `rows_of(b, r0, m, acc)` fills acc[0 .. m) with
+// rows r0 .. r0 + m of block b.
+template <typename RowsOf>
+static void compact_linear(const float* residual, float* out, int64_t rows, int64_t n,
+                           int threads, RowsOf rows_of) {
     const int64_t blocks = n / 16;
     // Each thread takes one contiguous range of blocks: one sequential stream of weights.
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-        const WT* wb = w + b * k * 16;
-        const float* sb = scales ? scales + b * (k / QGROUP) * 16 : nullptr;
         for (int64_t r0 = 0; r0 < rows; r0 += MAX_R) {
             const int m = (int)std::min<int64_t>(MAX_R, rows - r0);
             alignas(64) float acc[MAX_R][16];
-            const float* xr = x + r0 * k;
-            switch (m) {
-                case 1: block_rows<WT, 1>(wb, sb, xr, k, acc); break;
-                case 2: block_rows<WT, 2>(wb, sb, xr, k, acc); break;
-                case 3: block_rows<WT, 3>(wb, sb, xr, k, acc); break;
-                default: block_rows<WT, 4>(wb, sb, xr, k, acc); break;
-            }
+            rows_of(b, r0, m, acc);
             for (int r = 0; r < m; ++r) {
                 float* o = out + (r0 + r) * n + b * 16;
                 const float* res = residual ? residual + (r0 + r) * n + b * 16 : nullptr;
@@ -404,12 +410,46 @@ static void compact_linear(const WT* w, const float* scales, const float* x,
 extern "C" void linear_int8_f32(const int8_t* w, const float* scales, const float* x,
                                 const float* residual, float* out, int64_t rows, int64_t n,
                                 int64_t k, int threads) {
-    compact_linear<int8_t>(w, scales, x, residual, out, rows, n, k, threads);
+    const int64_t groups = k / QGROUP;
+    // Quantised once per call, by the calling thread: rows * k values, about a
+    // microsecond a row next to the n * k weights every row meets.
+    thread_local std::vector<int16_t> xq;
+    thread_local std::vector<float> xs;
+    xq.resize(rows * k);
+    xs.resize(rows * groups);
+    for (int64_t j = 0; j < rows * groups; ++j) xs[j] = qx_quantize(x + j * QGROUP, &xq[j * QGROUP]);
+    const int16_t* q = xq.data();
+    const float* s = xs.data();
+    compact_linear(residual, out, rows, n, threads,
+                   [=](int64_t b, int64_t r0, int m, float (*acc)[16]) {
+        const int8_t* wb = w + b * k * 16;
+        const float* sb = scales + b * groups * 16;
+        for (int r = 0; r < m; r += Q_ROWS) {
+            const int16_t* xr = q + (r0 + r) * k;
+            const float* sr = s + (r0 + r) * groups;
+            switch (std::min(m - r, Q_ROWS)) {
+                case 1: block_rows_int8<1>(wb, sb, xr, sr, k, acc + r); break;
+                case 2: block_rows_int8<2>(wb, sb, xr, sr, k, acc + r); break;
+                case 3: block_rows_int8<3>(wb, sb, xr, sr, k, acc + r); break;
+                default: block_rows_int8<4>(wb, sb, xr, sr, k, acc + r); break;
+            }
+        }
+    });
 }
 
 extern "C" void linear_bf16w_f32(const bf16* w, const float* x, const float* residual,
                                  float* out, int64_t rows, int64_t n, int64_t k, int threads) {
-    compact_linear<bf16>(w, nullptr, x, residual, out, rows, n, k, threads);
+    compact_linear(residual, out, rows, n, threads,
+                   [=](int64_t b, int64_t r0, int m, float (*acc)[16]) {
+        const bf16* wb = w + b * k * 16;
+        const float* xr = x + r0 * k;
+        switch (m) {
+            case 1: block_rows_bf16<1>(wb, xr, k, acc); break;
+            case 2: block_rows_bf16<2>(wb, xr, k, acc); break;
+            case 3: block_rows_bf16<3>(wb, xr, k, acc); break;
+            default: block_rows_bf16<4>(wb, xr, k, acc); break;
+        }
+    });
 }
 
 extern "C" int64_t linear_int8_group() { return QGROUP; }
