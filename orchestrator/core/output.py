@@ -26,6 +26,10 @@ class ScheduledRequest(NamedTuple):
     Every position before ``start_position`` is already in the KV cache (computed
     earlier or a prefix-cache hit). ``priority`` is the request's (lower first), for an
     executor that queues work of its own (TensorRT-LLM's waiting queue).
+    ``constraint`` is what the executor's ``ConstraintBackend.compile_constraint``
+    returned for the request's constraint (the same object on every step of the
+    request), or ``None`` for an unconstrained request; the executor masks the tokens
+    it samples for the request with it.
     """
 
     request_id: str
@@ -35,6 +39,7 @@ class ScheduledRequest(NamedTuple):
     sample: bool
     sampling: SamplingParams
     priority: int = 0
+    constraint: object | None = None
 
     @property
     def num_tokens(self) -> int:
