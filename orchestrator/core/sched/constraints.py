@@ -101,8 +101,7 @@ class ConstraintCompiles:
         enforced = ", ".join(sorted(k.value for k in self.kinds))
         detail = f"it enforces only {enforced}" if enforced else "it enforces no constraints"
         raise AdmissionError(
-            f"{spec.source}: the executor cannot enforce a {spec.kind.value} constraint "
-            f"({detail})",
+            f"{spec.source}: the executor cannot enforce a {spec.kind.value} constraint ({detail})",
             param=spec.source,
         )
 
