@@ -45,13 +45,15 @@ class Ask(NamedTuple):
     """One streaming request for TensorRT-LLM: ``max_tokens`` more tokens after
     ``tokens``, sampled as ``sampling`` says with ``seed``. ``priority`` is ours (lower
     first, the plan's ``ScheduledRequest.priority``); a mode or release that cannot pass
-    it on leaves TensorRT-LLM's own queue first-come-first-served."""
+    it on leaves TensorRT-LLM's own queue first-come-first-served. ``constraint`` is the
+    plan's handle (``ScheduledRequest.constraint``; the mode's guide), ``None`` for none."""
 
     tokens: Sequence[int]
     max_tokens: int
     sampling: SamplingParams
     seed: int | None
     priority: int = 0
+    constraint: object | None = None
 
 
 class Backend(Protocol):
@@ -173,9 +175,16 @@ class PlanRunner:
                 f"{length} tokens, {generated} of them generated, leave no room for another "
                 f"(max_tokens={sampling.max_tokens}, max_seq_len={self._max_seq_len})"
             )
+        if scheduled.constraint is not None and generated:
+            # TensorRT-LLM starts a guide at the end of what it is given: resumed, the
+            # grammar would restart mid-output and let through what it must not.
+            return (
+                "constraint: a constrained request cannot resume after preemption on "
+                f"TensorRT-LLM ({generated} tokens generated; its guide would restart)"
+            )
         try:
             seed = self._seed(sampling, generated)
-            ask = Ask(tokens, max_tokens, sampling, seed, scheduled.priority)
+            ask = Ask(tokens, max_tokens, sampling, seed, scheduled.priority, scheduled.constraint)
             submission = self._backend.submit(ask)
         except Exception as err:  # TensorRT-LLM's refusal of this one request
             return f"TensorRT-LLM refused the request: {type(err).__name__}: {err}"
