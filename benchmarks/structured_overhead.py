@@ -153,7 +153,8 @@ def pathological(
 ) -> None:
     limit = engine.scheduler.constraints.config.max_spec_bytes
     bad = pathological_specs(limit)
-    alone, with_bad = [], []
+    alone: list[float] = []
+    with_bad: list[float] = []
     answers: dict[str, list[float]] = {name: [] for name, _ in bad}
     for rnd in range(args.rounds + 1):
         for attack in (False, True):

@@ -174,6 +174,13 @@ class TorchExecutor:
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
         grammar = None
         if options.constraints:
+            import importlib.util
+
+            if importlib.util.find_spec("llguidance") is None:
+                raise ValueError(
+                    "executor.constraints is true but llguidance is not installed: install "
+                    "the torch extra (llguidance>=1.9,<2) or set executor.constraints: false"
+                )
             from plugins.torch_executor import grammar as llg
 
             text = llg.tokenizer_json(engine.model, options.cache_path)

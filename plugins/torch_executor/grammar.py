@@ -49,6 +49,7 @@ from orchestrator.core import (
 
 if TYPE_CHECKING:
     import llguidance
+    from llguidance._lib import JsonCompileOptions
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ _SHIFTS = torch.arange(32, dtype=torch.int32)
 # JSON as ``json.dumps`` writes it (", " and ": ", no other whitespace): flexible
 # whitespace lets a small model fill its output with newlines before a value. A schema's
 # own ``x-guidance`` options still apply on top.
-JSON_OPTIONS: dict[str, Any] = {
+JSON_OPTIONS: JsonCompileOptions = {
     "whitespace_flexible": False,
     "item_separator": ", ",
     "key_separator": ": ",
