@@ -3,14 +3,17 @@ with a timeout and a size limit, refused where the executor cannot enforce them.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
 import pytest
 
-from orchestrator.core.config import ConstraintsConfig, SchedulerConfig
+from orchestrator.core.config import ConstraintsConfig, EngineConfig, SchedulerConfig
 from orchestrator.core.constraint import ConstraintError, ConstraintKind, ConstraintSpec
+from orchestrator.core.engine import EngineCore
 from orchestrator.core.errors import AdmissionError
+from orchestrator.core.executor import ExecutorInfo
 from orchestrator.core.kv.manager import KVCacheManager
 from orchestrator.core.output import SchedulerOutput, StepResult
 from orchestrator.core.predictor import StepTimePredictor
@@ -18,6 +21,7 @@ from orchestrator.core.request import FinishReason, Request, RequestStatus, Subm
 from orchestrator.core.sched.constraints import ConstraintCompiles
 from orchestrator.core.sched.scheduler import Scheduler
 from tests.factories import constant_step_time, make_engine, make_request
+from tests.fakes import FakeExecutor
 
 SCHEMA = ConstraintSpec(ConstraintKind.JSON_SCHEMA, '{"type": "object"}', "response_format")
 ALL_KINDS = frozenset(ConstraintKind)
@@ -233,3 +237,60 @@ def test_an_idle_engine_waits_for_a_compile_instead_of_spinning() -> None:
 def _sample(plan: SchedulerOutput) -> StepResult:
     """Token 5 for every entry that samples."""
     return StepResult({s.request_id: 5 for s in plan.scheduled if s.sample}, 0.01)
+
+
+class ConstrainedFake(FakeExecutor):
+    """The fake executor claiming the regex kind, compiling through a gated backend."""
+
+    def __init__(self, backend: GatedBackend | None) -> None:
+        super().__init__()
+        self.backend = backend
+
+    def info(self) -> ExecutorInfo:
+        return dataclasses.replace(
+            super().info(), constraint_kinds=frozenset({ConstraintKind.REGEX})
+        )
+
+    def compile_constraint(self, spec: ConstraintSpec) -> object:
+        assert self.backend is not None
+        return self.backend.compile_constraint(spec)
+
+
+# A valid config naming a registered executor; the tests pass their own instance.
+SIM_EXECUTOR = {"type": "sim", "model": "smollm2-135m", "hardware": "l40s"}
+
+
+def test_from_config_wires_the_executor_as_the_backend_for_its_kinds() -> None:
+    backend = GatedBackend()
+    config = EngineConfig.model_validate(
+        {"model": {"max_model_len": 256}, "executor": SIM_EXECUTOR}
+    )
+    engine = EngineCore.from_config(config, executor=ConstrainedFake(backend))
+    regex = ConstraintSpec(ConstraintKind.REGEX, "[0-9]+", "structured_outputs.regex")
+    with pytest.raises(AdmissionError, match="cannot enforce a json_schema constraint"):
+        engine.add_request(Submission("s", (1, 2), constraint=SCHEMA))
+    engine.add_request(Submission("r", (1, 2), constraint=regex))
+    backend.gate("[0-9]+").set()
+    plans = []
+    for _ in range(200):
+        step = engine.step()
+        plans.append(step.plan)
+        if step.outputs and step.outputs[-1].finished:
+            break
+    handles = {s.constraint for p in plans for s in p.scheduled}
+    assert handles == {("handle", "[0-9]+")}
+    engine.shutdown()
+
+
+def test_an_executor_claiming_kinds_without_a_compile_step_is_refused_at_start() -> None:
+    class Claims(FakeExecutor):
+        def info(self) -> ExecutorInfo:
+            return dataclasses.replace(
+                super().info(), constraint_kinds=frozenset({ConstraintKind.REGEX})
+            )
+
+    config = EngineConfig.model_validate(
+        {"model": {"max_model_len": 256}, "executor": SIM_EXECUTOR}
+    )
+    with pytest.raises(ValueError, match="no compile_constraint"):
+        EngineCore.from_config(config, executor=Claims())
