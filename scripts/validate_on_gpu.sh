@@ -21,7 +21,18 @@
 # (plugins.trtllm.llm_api.translate.start_llm on the same executor config); (3) our
 # gateway in LLM-API mode, the same greedy requests one at a time through
 # /v1/completions; (4) `orchestrator bench` for about a minute (Poisson arrivals, 4
-# requests/s, 240 requests). Each check prints its own result line as it ends.
+# requests/s, 240 requests); (5) the in-executor path (`executor.scheduling:
+# in_executor`, our scheduler inside TensorRT-LLM's executor loop): its names
+# (`check_names --mode in-executor`); on a release outside the range it was checked
+# against, that the gateway refuses to start with a message naming the range; inside it,
+# the same greedy requests as (3) through an in-executor gateway, then a served
+# comparison under the SLO config (two SLO classes, SLO admission and budget) of
+# TensorRT-LLM's own scheduler under ours (`scheduling: front`) against ours inside the
+# loop: TPOT p99 and goodput of the same Poisson workload, side by side
+# (`orchestrator bench --compare`). Each check prints its own result line as it ends.
+#
+# THE IN-EXECUTOR PATH HAS NOT RUN ON A GPU EITHER: its figures exist only once a user
+# runs this script; until then nothing claims it works on TensorRT-LLM.
 #
 # The greedy rule: a prompt agrees when our text equals the reference's decoded tokens
 # up to the first divergence, and that divergence (if any) is at token MIN_AGREE or
@@ -55,7 +66,7 @@ else
   line="without the engine backend (LLM-API mode only)"; modes=llm-api
 fi
 log "release line: $line"
-log "1/4 checking TensorRT-LLM names, --mode $modes (log: $WORK_DIR/names.log)"
+log "1/5 checking TensorRT-LLM names, --mode $modes (log: $WORK_DIR/names.log)"
 names=FAIL
 if "$PYTHON" -m plugins.trtllm.check_names --mode "$modes" >"$WORK_DIR/names.log" 2>&1; then
   names=OK
@@ -71,7 +82,7 @@ cat >"$WORK_DIR/executor.json" <<JSON
 {"model": "MODEL", "max_seq_len": 2048, "max_batch_size": 32, "max_num_tokens": 4096,
  "kv_cache_free_gpu_memory_fraction": 0.5}
 JSON
-log "2/4 greedy references from TensorRT-LLM's LLM.generate (log: $WORK_DIR/reference.log)"
+log "2/5 greedy references from TensorRT-LLM's LLM.generate (log: $WORK_DIR/reference.log)"
 references=FAIL
 if "$PYTHON" - "$MODEL" "$WORK_DIR" "$PROMPTS" "$MAX_TOKENS" >"$WORK_DIR/reference.log" 2>&1 <<'PY'
 import json, sys
@@ -142,16 +153,28 @@ server:
   host: 127.0.0.1
   port: $PORT
 YAML
-log "3/4 starting the gateway in LLM-API mode on port $PORT (log: $WORK_DIR/gateway.log)"
-orchestrator serve --config "$WORK_DIR/serve.yaml" >"$WORK_DIR/gateway.log" 2>&1 &
-GATEWAY=$!
-trap 'kill "$GATEWAY" 2>/dev/null || true; wait "$GATEWAY" 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  if curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; then break; fi
-  if ! kill -0 "$GATEWAY" 2>/dev/null; then log "the gateway exited: see $WORK_DIR/gateway.log"; break; fi
-  sleep 1
-done
-greedy=$("$PYTHON" - "$WORK_DIR" "$PORT" "$MAX_TOKENS" "$MIN_AGREE" <<'PY'
+GATEWAY=
+stop_gateway() {
+  if [[ -n $GATEWAY ]]; then kill "$GATEWAY" 2>/dev/null || true; wait "$GATEWAY" 2>/dev/null || true; fi
+  GATEWAY=
+}
+trap stop_gateway EXIT
+# start_gateway CONFIG LOG: serve CONFIG in the background; 0 once /ready answers.
+start_gateway() {
+  orchestrator serve --config "$1" >"$2" 2>&1 &
+  GATEWAY=$!
+  for _ in $(seq 1 600); do
+    if curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; then return 0; fi
+    if ! kill -0 "$GATEWAY" 2>/dev/null; then log "the gateway exited: see $2"; GATEWAY=; return 1; fi
+    sleep 1
+  done
+  return 1
+}
+log "3/5 starting the gateway in LLM-API mode on port $PORT (log: $WORK_DIR/gateway.log)"
+start_gateway "$WORK_DIR/serve.yaml" "$WORK_DIR/gateway.log" || true
+# greedy_check: the greedy requests of (2) through the running gateway, one at a time.
+greedy_check() {
+"$PYTHON" - "$WORK_DIR" "$PORT" "$MAX_TOKENS" "$MIN_AGREE" <<'PY'
 import json, sys, urllib.request
 from pathlib import Path
 
@@ -182,11 +205,12 @@ for prompt, tokens in zip(ref["prompts"], ref["tokens"]):
               file=sys.stderr)
 print(f"{agreed}/{len(ref['prompts'])} agree ({exact} exact)")
 PY
-) || greedy="0/$PROMPTS agree (request loop failed)"
+}
+greedy=$(greedy_check) || greedy="0/$PROMPTS agree (request loop failed)"
 log "greedy: $greedy (rule: equal up to a divergence at token $MIN_AGREE or later)"
 
 # ---------------------------------------------------------------- 4. bench
-log "4/4 orchestrator bench for about a minute (results: $WORK_DIR/bench)"
+log "4/5 orchestrator bench for about a minute (results: $WORK_DIR/bench)"
 bench="bench failed"
 if orchestrator bench --url "http://127.0.0.1:$PORT" --model validate --load poisson --rate 4 \
     --num-requests 240 --input-len 256 --output-len 128 --tokenizer "$LOCAL_MODEL" \
@@ -203,10 +227,116 @@ PY
 fi
 log "bench: $bench"
 
+# ---------------------------------------------------------------- 5. in-executor
+stop_gateway
+log "5/5 in-executor scheduling (logs: $WORK_DIR/in_executor*.log)"
+inexec_names=FAIL
+if "$PYTHON" -m plugins.trtllm.check_names --mode in-executor >"$WORK_DIR/in_executor_names.log" 2>&1; then
+  inexec_names=OK
+fi
+grep -E "^MISSING|^note" "$WORK_DIR/in_executor_names.log" >&2 || true
+checked=$("$PYTHON" -c "
+import tensorrt_llm
+from plugins.trtllm.in_executor.install import release_line
+try:
+    release_line(tensorrt_llm.__version__); print(True)
+except Exception:
+    print(False)" 2>/dev/null || echo False)
+# The SLO config both served runs use: our scheduler's classes, admission and budget.
+slo_config() {  # slo_config SCHEDULING
+  cat <<YAML
+model:
+  name: validate
+  source: $LOCAL_MODEL
+  max_model_len: 2048
+scheduler:
+  policy: slo
+  aging_rate: 1.0
+  max_batch_size: 32
+  max_num_tokens: 4096
+  chunk_size: 512
+  slo_classes:
+    interactive: {ttft_ms: 500, tpot_ms: 80}
+  default_slo_class: interactive
+  admission: {type: slo}
+  slo_budget: {enabled: true}
+cache:
+  block_size: 32
+  enable_prefix_caching: true
+executor:
+  type: trtllm-llmapi
+  model: $LOCAL_MODEL
+  max_seq_len: 2048
+  max_batch_size: 32
+  max_num_tokens: 4096
+  kv_cache_free_gpu_memory_fraction: 0.5
+  scheduling: $1
+server:
+  host: 127.0.0.1
+  port: $PORT
+YAML
+}
+slo_config front >"$WORK_DIR/serve-slo-front.yaml"
+slo_config in_executor >"$WORK_DIR/serve-slo-in-executor.yaml"
+# served_bench NAME: the SLO workload against the running gateway, into $WORK_DIR/NAME.
+served_bench() {
+  orchestrator bench --url "http://127.0.0.1:$PORT" --model validate --load poisson --rate 8 \
+    --num-requests 480 --input-len 512 --output-len 256 --seed 7 --tokenizer "$LOCAL_MODEL" \
+    --slo-ttft-ms 500 --slo-tpot-ms 80 --result-dir "$WORK_DIR/$1" --no-progress \
+    >"$WORK_DIR/$1.log" 2>&1
+}
+inexec="not run"
+if [[ $checked != True ]]; then
+  # Outside the checked range: the gateway must refuse to start, naming the range.
+  inexec="refused at start (release outside the checked range)"
+  if start_gateway "$WORK_DIR/serve-slo-in-executor.yaml" "$WORK_DIR/in_executor_gateway.log"; then
+    inexec="FAIL: started on a release outside the checked range"
+  elif ! grep -q "checked against TensorRT-LLM 1.2.x and 1.3.x" "$WORK_DIR/in_executor_gateway.log"; then
+    inexec="FAIL: refused without naming the checked range"
+  fi
+  stop_gateway
+else
+  inexec_greedy="not run"; comparison="not run"
+  if start_gateway "$WORK_DIR/serve-slo-front.yaml" "$WORK_DIR/in_executor_front.log" \
+      && served_bench slo-front; then
+    comparison="front measured"
+  fi
+  stop_gateway
+  if start_gateway "$WORK_DIR/serve-slo-in-executor.yaml" "$WORK_DIR/in_executor_gateway.log"; then
+    inexec_greedy=$(greedy_check) || inexec_greedy="0/$PROMPTS agree (request loop failed)"
+    if [[ $comparison == "front measured" ]] && served_bench slo-in-executor; then
+      orchestrator bench --compare "$WORK_DIR/slo-front/summary.json" \
+        "$WORK_DIR/slo-in-executor/summary.json" >"$WORK_DIR/in_executor_compare.txt" 2>&1 || true
+      comparison=$("$PYTHON" - "$WORK_DIR" <<'PY'
+import json, sys
+from pathlib import Path
+
+work = Path(sys.argv[1])
+def summary(name):
+    return json.loads((work / name / "summary.json").read_text())["runs"][0]["summary"]
+a, b = summary("slo-front"), summary("slo-in-executor")
+ms = lambda s: "n/a" if s["tpot_s"].get("p99") is None else f"{1000 * s['tpot_s']['p99']:.0f} ms"
+good = lambda s: f"{s['goodput_req_s'] or 0:.2f} req/s ({100 * (s['goodput_fraction'] or 0):.0f}%)"
+print(f"TPOT p99 {ms(a)} (TensorRT-LLM's scheduler) vs {ms(b)} (ours in the loop); "
+      f"goodput {good(a)} vs {good(b)}; errors {a['num_errors']} vs {b['num_errors']}")
+PY
+)
+    fi
+  fi
+  stop_gateway
+  inexec="greedy $inexec_greedy | $comparison"
+fi
+log "in-executor: names $inexec_names | $inexec (side by side: $WORK_DIR/in_executor_compare.txt)"
+
 version=$("$PYTHON" -c "import tensorrt_llm; print(tensorrt_llm.__version__)" 2>/dev/null || echo unknown)
 verdict=FAIL
-if [[ $names == OK && $greedy == "$PROMPTS/$PROMPTS agree"* && $bench == *" 0 errors"* ]]; then
+inexec_ok=false
+if [[ $checked != True && $inexec == "refused at start"* ]]; then inexec_ok=true; fi
+if [[ $checked == True && $inexec_names == OK && $inexec == "greedy $PROMPTS/$PROMPTS agree"* && $inexec == *"TPOT p99"* ]]; then
+  inexec_ok=true
+fi
+if [[ $names == OK && $greedy == "$PROMPTS/$PROMPTS agree"* && $bench == *" 0 errors"* && $inexec_ok == true ]]; then
   verdict=PASS
 fi
-echo "validate_on_gpu: $verdict | TensorRT-LLM $version, $line | names $names | greedy $greedy with LLM.generate | bench: $bench | $WORK_DIR"
+echo "validate_on_gpu: $verdict | TensorRT-LLM $version, $line | names $names | greedy $greedy with LLM.generate | bench: $bench | in-executor: names $inexec_names, $inexec | $WORK_DIR"
 [[ $verdict == PASS ]]

@@ -159,6 +159,7 @@ class EngineCore:
             cache.enable_prefix_caching,
             headroom_blocks=cache.admission_headroom_blocks,
             hash_seed=cache.prefix_hash_seed,
+            mirror_executor=info.mirrors_executor_kv,
         )
         backend = None
         if info.constraint_kinds:
@@ -237,24 +238,33 @@ class EngineCore:
 
     def step(self) -> EngineStep:
         start = self.clock.now()
-        plan = self.last_plan = self.scheduler.schedule(start)
-        if plan.scheduled:
-            # Every executor's steps are predicted and observed the same way, so the
-            # error is tracked (and the online fit learns) whatever runs the plan.
-            features = features_of(plan)
-            predictor = self.scheduler.predictor
-            predicted = predictor.predict(features)
-            result = self.executor.execute(plan)
-            predictor.observe(features, result.duration_s)
-            self.step_time_errors.observe(predicted, result.duration_s)
-            self._note_predictor_state()
-        elif plan.finished_ids or plan.preempted_ids:
+        plan = self.plan_step(start)
+        if plan.scheduled or plan.finished_ids or plan.preempted_ids:
             result = self.executor.execute(plan)
         else:
             if self.scheduler.constraints:
                 # Only compiles are in flight: wait for one rather than spin.
                 self.scheduler.constraints.wait(IDLE_COMPILE_WAIT_S)
             result = StepResult(sampled={}, duration_s=0.0)
+        return self.finish_step(plan, result, start)
+
+    def plan_step(self, start: float) -> SchedulerOutput:
+        """The first half of ``step``: the plan of a step starting at ``start``
+        (seconds). For a loop that runs plans itself (an executor that calls the engine,
+        TensorRT-LLM's in-executor mode), ``finish_step`` is the second half."""
+        plan = self.last_plan = self.scheduler.schedule(start)
+        return plan
+
+    def finish_step(self, plan: SchedulerOutput, result: StepResult, start: float) -> EngineStep:
+        """The second half of ``step``: what running ``plan`` (begun at ``start``) did,
+        applied. Every executor's steps are predicted and observed the same way, so the
+        error is tracked (and the online fit learns) whatever runs the plan."""
+        if plan.scheduled:
+            features = features_of(plan)
+            predictor = self.scheduler.predictor
+            self.step_time_errors.observe(predictor.predict(features), result.duration_s)
+            predictor.observe(features, result.duration_s)
+            self._note_predictor_state()
         outputs = self.scheduler.update(plan, result, start + result.duration_s)
         return EngineStep(outputs, plan, start, result.duration_s, result.cost)
 

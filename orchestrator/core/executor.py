@@ -47,7 +47,10 @@ class ExecutorInfo:
     breakdown; ``owns_batching``: the backend batches in flight itself and our scheduler
     only admits, orders and preempts; ``top_logprobs``: it can return the top-N
     alternatives, not only the chosen token's logprob; ``seeded_survives_preemption``:
-    a seeded request's random sequence continues unchanged after recompute preemption.
+    a seeded request's random sequence continues unchanged after recompute preemption;
+    ``mirrors_executor_kv``: the executor allocates KV by its own manager's rule (a
+    request's known tokens whole on its first chunk) and that manager's free count is the
+    truth, so the engine's KV manager mirrors it (``KVCacheManager(mirror_executor=True)``).
     ``constraint_kinds``: the constraint kinds it enforces (empty: none; a constrained
     submission is then refused); an executor with any implements ``ConstraintBackend``.
     ``num_gpus`` is how many accelerators one replica of it occupies (1 for a CPU).
@@ -64,6 +67,7 @@ class ExecutorInfo:
     owns_batching: bool = False
     top_logprobs: bool = True
     seeded_survives_preemption: bool = True
+    mirrors_executor_kv: bool = False
     constraint_kinds: frozenset[ConstraintKind] = frozenset()
     num_gpus: int = 1
     platform: tuple[tuple[str, str], ...] = ()

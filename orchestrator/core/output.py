@@ -25,8 +25,10 @@ class ScheduledRequest(NamedTuple):
     last known token of the request, so the executor must return the next token.
     Every position before ``start_position`` is already in the KV cache (computed
     earlier or a prefix-cache hit). ``priority`` is the request's (lower first), for an
-    executor that queues work of its own (TensorRT-LLM's waiting queue).
-    ``constraint`` is what the executor's ``ConstraintBackend.compile_constraint``
+    executor that queues work of its own (TensorRT-LLM's waiting queue); ``slo_class``,
+    ``tenant`` and ``arrival_time`` (seconds, engine clock) are its other facts, for an
+    executor that schedules inside itself with the same policies (TensorRT-LLM's
+    in-executor mode). ``constraint`` is what the executor's ``ConstraintBackend.compile_constraint``
     returned for the request's constraint (the same object on every step of the
     request), or ``None`` for an unconstrained request; the executor masks the tokens
     it samples for the request with it.
@@ -39,6 +41,9 @@ class ScheduledRequest(NamedTuple):
     sample: bool
     sampling: SamplingParams
     priority: int = 0
+    slo_class: str | None = None
+    tenant: str | None = None
+    arrival_time: float = 0.0
     constraint: object | None = None
 
     @property

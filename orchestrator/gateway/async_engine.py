@@ -59,6 +59,20 @@ class RequestShedError(EngineError):
         self.code = code
 
 
+INVALID_CONSTRAINT = "invalid_constraint"  # the engine's error_code for a bad constraint
+
+
+class ConstraintError(EngineError):
+    """The engine could not use this request's constraint (it failed to compile, is
+    too large, or compiling it timed out); it ended the request before any token.
+    The message is the engine's, naming the problem; ``param`` is the request field
+    the constraint came from, where the caller knows it."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class SubmissionFailedError(EngineError):
     """Applying this request's submission raised an unexpected error; the request was
     not queued and the engine runs on. The cause is logged, not carried."""
@@ -88,6 +102,7 @@ class RequestStream:
         self.request_id = request_id
         self._abort = abort
         self._queue: asyncio.Queue[RequestOutput | EngineError] = asyncio.Queue()
+        self._peeked: RequestOutput | None = None
         self.finished = False
 
     def put(self, item: RequestOutput | EngineError) -> None:
@@ -97,7 +112,18 @@ class RequestStream:
     def __aiter__(self) -> RequestStream:
         return self
 
+    async def peek(self) -> RequestOutput:
+        """Wait for the first output without consuming it (iteration returns it
+        first); raises as iteration would. Lets a caller learn that the engine took
+        the request (or why not) before it commits to a response."""
+        if self._peeked is None:
+            self._peeked = await self.__anext__()
+        return self._peeked
+
     async def __anext__(self) -> RequestOutput:
+        if self._peeked is not None:
+            peeked, self._peeked = self._peeked, None
+            return peeked
         if self.finished:
             raise StopAsyncIteration
         item = await self._queue.get()
@@ -106,6 +132,8 @@ class RequestStream:
             raise item
         if item.finished:
             self.finished = True
+            if item.finish_reason is FinishReason.ERROR and item.error_code == INVALID_CONSTRAINT:
+                raise ConstraintError(item.error or "the constraint could not be used")
             if item.finish_reason is FinishReason.ERROR and item.error_code is not None:
                 raise RequestShedError(
                     item.error or "the engine ended this request", item.error_code

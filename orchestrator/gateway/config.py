@@ -9,10 +9,15 @@ keys or tenants' default classes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from orchestrator.core import EngineConfig, StrictModel, load_yaml
+
+# The tool-call formats ``orchestrator.gateway.tool_parsers.TOOL_CALL_FORMATS`` holds,
+# by name (a test keeps the two equal): config holds names, behaviour the registry.
+ToolCallParserName = Literal["hermes"]
 
 
 class ServerConfig(StrictModel):
@@ -28,7 +33,11 @@ class ServerConfig(StrictModel):
     ``tenant_slo_classes`` maps a tenant (an API key, or the request's ``user`` field
     when auth is off) to the SLO class its requests get when they name none; the
     gateway puts that class on the ``Submission``, and ``ServeConfig`` checks each class
-    exists."""
+    exists.
+
+    ``tool_call_parser`` names the served model family's tool-call format (vLLM's and
+    trtllm-serve's names): how tools are prompted where the chat template cannot, the
+    grammar that forces a call, and how calls are read back."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -40,6 +49,7 @@ class ServerConfig(StrictModel):
     default_chat_max_tokens: int | None = Field(None, ge=1)
     max_tokens_limit: int | None = Field(None, ge=1)
     tenant_slo_classes: dict[str, str] = Field(default_factory=dict)
+    tool_call_parser: ToolCallParserName = "hermes"
 
 
 class ServeConfig(EngineConfig):

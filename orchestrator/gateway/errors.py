@@ -2,6 +2,8 @@
 place: ``{"error": {"message", "type", "param", "code"}}``.
 
 Engine errors map as: ``AdmissionError`` -> 400 (``param`` the field at fault),
+``ConstraintError`` (a schema or grammar the engine could not compile) -> 400 naming
+the field it came from,
 ``OverloadedError`` -> 429 with ``Retry-After`` and the engine's reason as ``code``, ``EngineDeadError`` -> 503, a request the engine failed or could not
 accept -> 500. Any other exception is a 500. No error body carries an internal exception
 text: the engine's own reasons travel as ``APIError.detail``, which only the request log
@@ -22,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from orchestrator.core import AdmissionError, EngineDeadError, OverloadedError
 from orchestrator.gateway.async_engine import (
+    ConstraintError,
     RequestFailedError,
     RequestShedError,
     SubmissionFailedError,
@@ -106,6 +109,10 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(429, str(exc), code=exc.code, headers={"Retry-After": retry_after})
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc), code="engine_unavailable")
+    if isinstance(exc, ConstraintError):
+        # The client's schema or grammar is at fault, not the server.
+        message = f"{exc.param}: {exc}" if exc.param else str(exc)
+        return APIError(400, message, param=exc.param, code="invalid_constraint")
     if isinstance(exc, RequestShedError):
         # A deliberate, temporary refusal (the server is behind), not a server fault.
         return APIError(503, str(exc), code=exc.code)

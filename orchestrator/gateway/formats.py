@@ -1,10 +1,12 @@
 """Choice deltas in OpenAI's shapes: ``text_completion`` and ``chat.completion`` (whole
-responses and streamed chunks), including their two logprob formats."""
+responses and streamed chunks), including their two logprob formats, and a chat
+choice's tool calls (``message.tool_calls``, streamed as ``delta.tool_calls``) read by
+the configured tool-call parser."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from pydantic import BaseModel
@@ -24,10 +26,15 @@ from orchestrator.gateway.protocol import (
     CompletionResponse,
     DeltaMessage,
     FinishReasonLiteral,
+    FunctionCallDelta,
+    FunctionCallOut,
+    ToolCallDelta,
+    ToolCallOut,
     TopLogprob,
     Usage,
 )
 from orchestrator.gateway.tokenizer import Tokenizer
+from orchestrator.gateway.tool_parsers import CallPiece, Parsed, ToolCallParser
 
 
 def _api_finish_reason(reason: FinishReason | None) -> FinishReasonLiteral | None:
@@ -47,7 +54,10 @@ class ResponseFormat(Protocol):
         """Chunks sent before any token."""
         ...
 
-    def stream_chunk(self, delta: ChoiceDelta) -> BaseModel: ...
+    def stream_chunk(self, delta: ChoiceDelta) -> BaseModel | None:
+        """The chunk of one delta; ``None`` when it has nothing to send yet (text a
+        tool-call parser holds back)."""
+        ...
 
     def stream_usage(self, usage: Usage) -> BaseModel:
         """The final chunk of ``stream_options.include_usage``: no choices, the usage."""
@@ -168,12 +178,24 @@ class CompletionFormat:
 class ChatFormat:
     """``/v1/chat/completions``; streams open with the assistant role for each choice."""
 
-    def __init__(self, response_id: str, model: str, tokenizer: Tokenizer, logprobs: bool) -> None:
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        tokenizer: Tokenizer,
+        logprobs: bool,
+        tool_parser: Callable[[], ToolCallParser] | None = None,
+    ) -> None:
+        """``tool_parser`` makes one parser per choice when the request offers tools:
+        calls in the text become ``tool_calls``, and a choice that made any and
+        stopped finishes with ``tool_calls``."""
         self._id = response_id
         self._model = model
         self._created = int(time.time())
         self._tokens = _TokenStrings(tokenizer)
         self._logprobs = logprobs
+        self._tool_parser = tool_parser
+        self._parsers: dict[int, ToolCallParser] = {}
 
     def _top(self, token_id: int, logprob: float) -> TopLogprob:
         return TopLogprob(
@@ -203,12 +225,26 @@ class ChatFormat:
             for i in range(num_choices)
         ]
 
-    def stream_chunk(self, delta: ChoiceDelta) -> BaseModel:
+    def stream_chunk(self, delta: ChoiceDelta) -> BaseModel | None:
+        logprobs = self._logprobs_of(delta.logprobs) if self._logprobs else None
+        finish = _api_finish_reason(delta.finish_reason)
+        if self._tool_parser is None:
+            message = DeltaMessage(content=delta.text or None)
+        else:
+            parser = self._parsers.get(delta.index)
+            if parser is None:
+                parser = self._parsers[delta.index] = self._tool_parser()
+            parsed = parser.push(delta.text)
+            if delta.finish_reason is not None:
+                parsed.extend(parser.finish())
+                finish = _tool_finish(finish, parser.num_calls)
+            if not parsed.content and not parsed.calls and not delta.logprobs and not finish:
+                return None
+            message = DeltaMessage(
+                content=parsed.content or None, tool_calls=_call_deltas(parsed.calls) or None
+            )
         choice = ChatChunkChoice(
-            index=delta.index,
-            delta=DeltaMessage(content=delta.text or None),
-            logprobs=self._logprobs_of(delta.logprobs) if self._logprobs else None,
-            finish_reason=_api_finish_reason(delta.finish_reason),
+            index=delta.index, delta=message, logprobs=logprobs, finish_reason=finish
         )
         return self._chunk([choice])
 
@@ -221,14 +257,52 @@ class ChatFormat:
             logprobs = None
             if self._logprobs:
                 logprobs = self._logprobs_of([t for d in parts for t in d.logprobs])
-            choices.append(
-                ChatChoice(
-                    index=index,
-                    message=AssistantMessage(content="".join(d.text for d in parts)),
-                    logprobs=logprobs,
-                    finish_reason=_api_finish_reason(parts[-1].finish_reason if parts else None),
+            text = "".join(d.text for d in parts)
+            finish = _api_finish_reason(parts[-1].finish_reason if parts else None)
+            message = AssistantMessage(content=text)
+            if self._tool_parser is not None:
+                parser = self._tool_parser()
+                parsed = parser.push(text)
+                parsed.extend(parser.finish())
+                calls = _whole_calls(parsed)
+                message = AssistantMessage(
+                    content=parsed.content if parsed.content or not calls else None,
+                    tool_calls=calls or None,
                 )
+                finish = _tool_finish(finish, parser.num_calls)
+            choices.append(
+                ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=finish)
             )
         return ChatCompletionResponse(
             id=self._id, created=self._created, model=self._model, choices=choices, usage=usage
         )
+
+
+def _tool_finish(finish: FinishReasonLiteral | None, num_calls: int) -> FinishReasonLiteral | None:
+    """A choice that stopped after making calls finishes with ``tool_calls``; one cut
+    by ``max_tokens`` keeps ``length`` (its last call may be unfinished)."""
+    return "tool_calls" if finish == "stop" and num_calls else finish
+
+
+def _call_deltas(pieces: Sequence[CallPiece]) -> list[ToolCallDelta]:
+    return [
+        ToolCallDelta(
+            index=p.index,
+            id=p.id,
+            type="function" if p.id is not None else None,
+            function=FunctionCallDelta(name=p.name, arguments=p.arguments),
+        )
+        for p in pieces
+    ]
+
+
+def _whole_calls(parsed: Parsed) -> list[ToolCallOut]:
+    """The pieces of each call joined: the same text a client joining the stream gets."""
+    calls: list[ToolCallOut] = []
+    for piece in parsed.calls:
+        if piece.id is not None and piece.name is not None:
+            calls.append(
+                ToolCallOut(id=piece.id, function=FunctionCallOut(name=piece.name, arguments=""))
+            )
+        calls[piece.index].function.arguments += piece.arguments
+    return calls

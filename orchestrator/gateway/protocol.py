@@ -14,17 +14,34 @@ rules that span fields name the fields too: they are raised as
 Extensions to OpenAI's schema (vLLM's names): ``top_k``, ``ignore_eos``, ``min_tokens``
 (only where it cannot matter), ``priority`` (lower is served first), ``slo_class``
 (a configured SLO class; also the ``X-SLO-Class`` header),
-``stream_options.continuous_usage_stats`` (usage on every chunk), and
+``stream_options.continuous_usage_stats`` (usage on every chunk),
+``structured_outputs`` (one of ``json``, ``regex``, ``choice``, ``grammar``,
+``json_object``: the output must match it; both endpoints), and
 ``repetition_penalty``/``min_p``/``skip_special_tokens`` at their neutral values.
+
+Structured outputs and tools are checked here for shape and size only (a schema must
+be a JSON object, at most ``MAX_CONSTRAINT_BYTES`` of JSON, nested at most
+``MAX_SCHEMA_DEPTH`` deep); whether a grammar compiles is the executor's to say, and
+``orchestrator.gateway.constraints`` turns the fields into the engine's
+``ConstraintSpec``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 # ---------------------------------------------------------------------- limits
@@ -44,6 +61,17 @@ MAX_USER_LENGTH = 256  # also the engine's tenant key
 MAX_SLO_CLASS_LENGTH = 64
 MAX_NAME_LENGTH = 256
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
+# Structured outputs. One constraint's text (a schema as JSON, a regex, a grammar, the
+# choices as JSON) is at most this many bytes: the grammar compiler's time grows with
+# it, and the engine enforces its own limit and a compile timeout too.
+MAX_CONSTRAINT_BYTES = 65_536
+MAX_SCHEMA_DEPTH = 32  # nesting of objects and arrays in one JSON schema
+MAX_CHOICE_OPTIONS = 256  # structured_outputs.choice
+MAX_TOOLS = 128  # OpenAI's limit
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
+MAX_TOOL_CALL_ID = 256
+MAX_DESCRIPTION_LENGTH = 8192  # characters of a tool's or schema's description
+JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 
 
 def _is_token_id(value: Any) -> bool:
@@ -125,6 +153,70 @@ def _only(data: _Request, field: str, allowed: Callable[[Any], bool], what: str,
         raise cross_field_error(field, f"{why}; only {what} is accepted")
 
 
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def schema_problem(schema: Any) -> str | None:
+    """What is wrong with a JSON schema's shape, or ``None``: it must be a JSON object
+    of at most ``MAX_CONSTRAINT_BYTES``, nested at most ``MAX_SCHEMA_DEPTH`` deep, whose
+    ``type``, ``properties``, ``required``, ``items`` and ``enum`` keywords have the
+    shapes JSON Schema gives them. Whether it compiles is the executor's check.
+    Iterative, so deep nesting cannot overflow the stack."""
+    if not isinstance(schema, dict):
+        return "must be a JSON object (a JSON Schema)"
+    size = _json_bytes(schema)
+    if size > MAX_CONSTRAINT_BYTES:
+        return f"is {size} bytes of JSON; at most {MAX_CONSTRAINT_BYTES}"
+    stack: list[tuple[str, Any, int]] = [("", schema, 0)]
+    while stack:
+        path, node, depth = stack.pop()
+        where = f" at {path}" if path else ""
+        if isinstance(node, bool):
+            continue  # true/false are schemas too
+        if not isinstance(node, dict):
+            return f"has a subschema{where} that is not an object"
+        if depth > MAX_SCHEMA_DEPTH:
+            return f"nests deeper than {MAX_SCHEMA_DEPTH} levels"
+        kind = node.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        if kind is not None and not all(isinstance(k, str) and k in JSON_TYPES for k in kinds):
+            return f"has type {kind!r}{where}; JSON Schema types are {sorted(JSON_TYPES)}"
+        required = node.get("required")
+        if required is not None and not (
+            isinstance(required, list) and all(isinstance(r, str) for r in required)
+        ):
+            return f"has a required{where} that is not a list of strings"
+        enum = node.get("enum")
+        if enum is not None and not isinstance(enum, list):
+            return f"has an enum{where} that is not a list"
+        properties = node.get("properties")
+        if properties is not None:
+            if not isinstance(properties, dict):
+                return f"has properties{where} that are not an object"
+            stack.extend(
+                (f"{path}.properties.{k}".lstrip("."), v, depth + 1) for k, v in properties.items()
+            )
+        for key in ("items", "additionalProperties", "not"):
+            if isinstance(node.get(key), dict):
+                stack.append((f"{path}.{key}".lstrip("."), node[key], depth + 1))
+        for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+            subs = node.get(key)
+            if subs is not None:
+                if not isinstance(subs, list):
+                    return f"has a {key}{where} that is not a list"
+                stack.extend(
+                    (f"{path}.{key}.{i}".lstrip("."), v, depth + 1) for i, v in enumerate(subs)
+                )
+        for key in ("$defs", "definitions"):
+            defs = node.get(key)
+            if isinstance(defs, dict):
+                stack.extend(
+                    (f"{path}.{key}.{k}".lstrip("."), v, depth + 1) for k, v in defs.items()
+                )
+    return None
+
+
 Probability = Annotated[float, Field(ge=0, le=1)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
@@ -139,6 +231,61 @@ class StreamOptions(_Request):
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
     include_obfuscation: bool | None = None
+
+
+ConstraintText = Annotated[str, Field(min_length=1, max_length=MAX_CONSTRAINT_BYTES)]
+
+
+class StructuredOutputs(_Request):
+    """vLLM's ``structured_outputs`` extension: exactly one of ``json`` (a JSON schema,
+    as an object or as JSON text), ``regex``, ``choice`` (the output is one of these
+    strings), ``grammar`` (llguidance's Lark dialect) or ``json_object: true`` (any
+    JSON object)."""
+
+    json_: dict[str, Any] | ConstraintText | None = Field(None, alias="json")
+    regex: ConstraintText | None = None
+    choice: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1)]],
+            Field(min_length=1, max_length=MAX_CHOICE_OPTIONS),
+        ]
+        | None
+    ) = None
+    grammar: ConstraintText | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputs:
+        given = self.given
+        if len(given) != 1:
+            named = ", ".join(given) if given else "none"
+            raise cross_field_error(
+                given[1] if len(given) > 1 else "json",
+                f"give exactly one of json, regex, choice, grammar, json_object (given: {named})",
+            )
+        if isinstance(self.json_, str):
+            try:
+                parsed = json.loads(self.json_)
+            except ValueError as err:
+                raise cross_field_error("json", f"json is not valid JSON: {err}") from None
+            self.json_ = parsed
+        if self.json_ is not None and (problem := schema_problem(self.json_)) is not None:
+            raise cross_field_error("json", f"json {problem}")
+        if self.choice is not None and _json_bytes(self.choice) > MAX_CONSTRAINT_BYTES:
+            raise cross_field_error("choice", f"choice is over {MAX_CONSTRAINT_BYTES} bytes")
+        return self
+
+    @property
+    def given(self) -> list[str]:
+        """The fields set (``json_object: false`` counts as unset)."""
+        fields = {
+            "json": self.json_ is not None,
+            "regex": self.regex is not None,
+            "choice": self.choice is not None,
+            "grammar": self.grammar is not None,
+            "json_object": bool(self.json_object),
+        }
+        return [name for name, isset in fields.items() if isset]
 
 
 class _GenerationRequest(_Body):
@@ -191,6 +338,9 @@ class _GenerationRequest(_Body):
     repetition_penalty: float | None = Field(None, gt=0, le=2, description="extension: only 1")
     min_p: Probability | None = Field(None, description="extension: only 0")
     skip_special_tokens: bool | None = Field(None, description="extension: only true")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="extension (vLLM's): the output must match one constraint"
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -327,14 +477,29 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCall(_Request):
+    """A call an assistant message made: ``arguments`` is a JSON object as text."""
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    arguments: str
+
+
+class ToolCall(_Request):
+    id: str = Field(min_length=1, max_length=MAX_TOOL_CALL_ID)
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     """One message. ``content`` is a string or a list of text parts (joined); an
-    assistant message's may be null. Fields for tool calls are accepted empty."""
+    assistant message's may be null when it carries ``tool_calls``. A ``tool`` message
+    answers an earlier call: ``tool_call_id`` names it."""
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = Field(None, max_length=MAX_NAME_LENGTH)
-    tool_calls: list[dict[str, Any]] | None = Field(None, description="only []")
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(None, min_length=1, max_length=MAX_TOOL_CALL_ID)
     function_call: dict[str, Any] | None = Field(None, description="only null")
     refusal: str | None = None
     audio: dict[str, Any] | None = Field(None, description="only null")
@@ -359,10 +524,34 @@ class ChatMessage(_Request):
 
     @model_validator(mode="after")
     def _message_rules(self) -> ChatMessage:
-        if self.content is None and self.role != "assistant":
+        if self.content is None and not (self.role == "assistant"):
             raise cross_field_error("content", f"a {self.role} message needs content")
-        _only(self, "tool_calls", lambda v: not v, "[]", "tool calling is not supported")
-        _only(self, "function_call", lambda v: False, "null", "tool calling is not supported")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise cross_field_error(
+                "tool_call_id", "a tool message needs tool_call_id (the call it answers)"
+            )
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise cross_field_error("tool_call_id", "only a tool message has tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise cross_field_error("tool_calls", "only an assistant message has tool_calls")
+        for i, call in enumerate(self.tool_calls or []):
+            try:
+                arguments = json.loads(call.function.arguments)
+            except ValueError as err:
+                raise cross_field_error(
+                    f"tool_calls.{i}.function.arguments", f"arguments is not valid JSON: {err}"
+                ) from None
+            if not isinstance(arguments, dict):
+                raise cross_field_error(
+                    f"tool_calls.{i}.function.arguments", "arguments must be a JSON object"
+                )
+        _only(
+            self,
+            "function_call",
+            lambda v: False,
+            "null",
+            "the deprecated function_call is not supported; send tool_calls",
+        )
         _only(self, "audio", lambda v: False, "null", "audio is not supported")
         return self
 
@@ -375,9 +564,69 @@ class ChatMessage(_Request):
         return "".join(p.text for p in self.content)
 
 
+class FunctionDefinition(_Request):
+    """A tool the model may call. ``parameters`` is the JSON schema of its arguments
+    (absent: any JSON object). ``strict`` is accepted; calls are always held to the
+    schema when a call is forced (``tool_choice`` ``required`` or named)."""
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_LENGTH)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_shape(self) -> FunctionDefinition:
+        if self.parameters is not None and (problem := schema_problem(self.parameters)) is not None:
+            raise cross_field_error("parameters", f"parameters {problem}")
+        return self
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Request):
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+
+
+class NamedToolChoice(_Request):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class JSONSchemaFormat(_Request):
+    """``response_format.json_schema``: the output is JSON matching ``schema``."""
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_LENGTH)
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_shape(self) -> JSONSchemaFormat:
+        if (problem := schema_problem(self.schema_)) is not None:
+            raise cross_field_error("schema", f"schema {problem}")
+        return self
+
+
 class ResponseFormat(_Request):
+    """``text`` (no constraint), ``json_object`` (any JSON object) or ``json_schema``."""
+
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise cross_field_error("json_schema", 'type "json_schema" needs json_schema')
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise cross_field_error(
+                "json_schema", f'json_schema is only for type "json_schema", not {self.type!r}'
+            )
+        return self
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -388,16 +637,18 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_MAX)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = Field(None, description="only []")
-    tool_choice: Literal["none", "auto"] | dict[str, Any] | None = Field(
-        None, description='only "none" or "auto" (no tools are offered)'
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description='default "auto" with tools, else "none"'
     )
-    parallel_tool_calls: bool | None = None
-    functions: list[dict[str, Any]] | None = Field(None, description="only []")
+    parallel_tool_calls: bool | None = Field(None, description="default true")
+    functions: list[dict[str, Any]] | None = Field(
+        None, description="only [] (deprecated: send tools)"
+    )
     function_call: Literal["none", "auto"] | dict[str, Any] | None = Field(
-        None, description='only "none" or "auto"'
+        None, description='only "none" or "auto" (deprecated: send tool_choice)'
     )
-    response_format: ResponseFormat | None = Field(None, description='only {"type": "text"}')
+    response_format: ResponseFormat | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     store: bool | None = None
     metadata: (
@@ -430,18 +681,10 @@ class ChatCompletionRequest(_GenerationRequest):
             raise cross_field_error(
                 "max_completion_tokens", "give max_tokens or max_completion_tokens, not both"
             )
-        no_tools = "tool calling is not supported"
-        _only(self, "tools", lambda v: not v, "[]", no_tools)
-        _only(self, "functions", lambda v: not v, "[]", no_tools)
-        _only(self, "tool_choice", lambda v: v in ("none", "auto"), '"none" or "auto"', no_tools)
-        _only(self, "function_call", lambda v: v in ("none", "auto"), '"none" or "auto"', no_tools)
-        _only(
-            self,
-            "response_format",
-            lambda v: v.type == "text",
-            '{"type": "text"}',
-            "structured output is not supported",
-        )
+        legacy = "the deprecated functions/function_call are not supported; send tools"
+        _only(self, "functions", lambda v: not v, "[]", legacy)
+        _only(self, "function_call", lambda v: v in ("none", "auto"), '"none" or "auto"', legacy)
+        self._tool_rules()
         _only(self, "modalities", lambda v: v == ["text"], '["text"]', "the model outputs text")
         _only(self, "audio", lambda v: False, "null", "audio output is not supported")
         _only(self, "prediction", lambda v: False, "null", "predicted outputs are not supported")
@@ -455,6 +698,80 @@ class ChatCompletionRequest(_GenerationRequest):
         _only(self, "verbosity", lambda v: v == "medium", '"medium"', "verbosity is not adjustable")
         _only(self, "web_search_options", lambda v: False, "null", "web search is not supported")
         return self
+
+    def _tool_rules(self) -> None:
+        """Tools named once each; a forced choice names a tool there is; history calls
+        name offered tools and tool messages answer earlier calls; at most one
+        constraint (a forced tool call, ``response_format``, ``structured_outputs``)."""
+        if (
+            not self.tools
+            and self.tool_choice in (None, "none", "auto")
+            and self.response_format is None
+            and self.structured_outputs is None
+            and not any(m.tool_calls or m.role == "tool" for m in self.messages)
+        ):
+            return  # nothing tool-related: a plain request pays no more than before
+        names: list[str] = []
+        for i, tool in enumerate(self.tools or []):
+            if tool.function.name in names:
+                raise cross_field_error(
+                    f"tools.{i}.function.name", f"tool {tool.function.name!r} is defined twice"
+                )
+            names.append(tool.function.name)
+        choice = self.tool_choice
+        if choice == "required" and not names:
+            raise cross_field_error("tool_choice", 'tool_choice "required" needs tools')
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            offered = ", ".join(names) or "none"
+            raise cross_field_error(
+                "tool_choice",
+                f"tool_choice names {choice.function.name!r}, which is not in tools "
+                f"(offered: {offered})",
+            )
+        call_ids: set[str] = set()
+        for m, message in enumerate(self.messages):
+            for c, call in enumerate(message.tool_calls or []):
+                if names and call.function.name not in names:
+                    raise cross_field_error(
+                        f"messages.{m}.tool_calls.{c}.function.name",
+                        f"the call names {call.function.name!r}, which is not in tools",
+                    )
+                call_ids.add(call.id)
+            if message.role == "tool" and message.tool_call_id not in call_ids:
+                raise cross_field_error(
+                    f"messages.{m}.tool_call_id",
+                    "a tool message must answer a call of an earlier assistant message "
+                    "(no earlier tool_calls entry has this id)",
+                )
+        constraints = self.constraint_fields
+        if len(constraints) > 1:
+            raise cross_field_error(
+                constraints[1],
+                f"give one constraint per request, not {' and '.join(constraints)}",
+            )
+
+    @property
+    def tool_mode(self) -> Literal["none", "auto", "required", "named"]:
+        """What the tools do: ``none`` (no tools, or ``tool_choice: "none"``), ``auto``
+        (the model may call them), ``required`` (at least one call) or ``named``."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return "required" if self.tool_choice == "required" else "auto"
+
+    @property
+    def constraint_fields(self) -> list[str]:
+        """The fields of this request that constrain its output. Tools with
+        ``tool_choice`` ``auto`` count too: a constrained answer could never be a call."""
+        fields = []
+        if self.response_format is not None and self.response_format.type != "text":
+            fields.append("response_format")
+        if self.structured_outputs is not None:
+            fields.append("structured_outputs")
+        if self.tool_mode != "none":
+            fields.append("tool_choice" if self.tool_mode != "auto" else "tools")
+        return fields
 
     @property
     def output_limit(self) -> int | None:
@@ -476,9 +793,8 @@ NOOP_VALUES: dict[str, str] = {
     "repetition_penalty": "1",
     "min_p": "0",
     "skip_special_tokens": "true",
-    "tools, functions, messages[].tool_calls": "[]",
-    "tool_choice, function_call": '"none" or "auto"',
-    "response_format": '{"type": "text"}',
+    "functions (deprecated; send tools)": "[]",
+    "function_call (deprecated; send tool_choice)": '"none" or "auto"',
     "modalities": '["text"]',
     "reasoning_effort": '"none"',
     "verbosity": '"medium"',
@@ -500,7 +816,7 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
-FinishReasonLiteral = Literal["stop", "length"]
+FinishReasonLiteral = Literal["stop", "length", "tool_calls"]  # tool_calls: chat only
 
 
 class CompletionLogprobs(BaseModel):
@@ -544,9 +860,31 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] = Field(default_factory=list)
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="the arguments as JSON text, as the model wrote them")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class AssistantMessage(BaseModel):
+    """``content`` is null when the answer is only tool calls; ``tool_calls`` appears
+    only when there are some."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -565,9 +903,31 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """One piece of a streamed call: the first piece of a call has its ``id``,
+    ``type`` and ``function.name``; later pieces add to ``function.arguments``."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        data["function"] = {k: v for k, v in data["function"].items() if v is not None}
+        return {k: v for k, v in data.items() if v is not None}
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -3,8 +3,11 @@
 For each API request it validates what the schema cannot (model name, prompt length
 against the context, output tokens against the server's limit), builds one engine
 ``Submission`` per choice with ``SamplingParams`` (end-of-sequence ids as stop tokens
-unless ``ignore_eos``), submits them, and turns their output streams into a JSON
-response or server-sent events. It also closes the loop on every request: aborts what
+unless ``ignore_eos``) and the request's output constraint (structured outputs, a
+forced tool call), submits them, and turns their output streams into a JSON response or
+server-sent events. A constrained stream starts only once every choice's first output
+(or its end) has arrived: a constraint the engine cannot compile is then still a 400,
+never an error event after a 200. It also closes the loop on every request: aborts what
 is still running when the client leaves, records metrics and writes one log line.
 """
 
@@ -23,9 +26,17 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from orchestrator.core import EngineError, FinishReason, OverloadedError, SamplingParams, Submission
-from orchestrator.gateway.async_engine import AsyncEngine, RequestStream
+from orchestrator.core import (
+    ConstraintSpec,
+    EngineError,
+    FinishReason,
+    OverloadedError,
+    SamplingParams,
+    Submission,
+)
+from orchestrator.gateway.async_engine import AsyncEngine, ConstraintError, RequestStream
 from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
+from orchestrator.gateway.constraints import chat_constraint, completion_constraint
 from orchestrator.gateway.errors import APIError, to_api_error
 from orchestrator.gateway.formats import ChatFormat, CompletionFormat, ResponseFormat
 from orchestrator.gateway.lifecycle import InFlight
@@ -38,6 +49,8 @@ from orchestrator.gateway.protocol import (
     Usage,
 )
 from orchestrator.gateway.tokenizer import ChatTemplateError, Tokenizer
+from orchestrator.gateway.tool_parsers import HermesFormat, ToolCallFormat
+from orchestrator.gateway.tools import offered_tools, prompt_messages
 
 logger = logging.getLogger("orchestrator.gateway.requests")
 
@@ -113,6 +126,7 @@ class _Job:
     priority: int
     prompt_text: Any
     choices_per_prompt: int = 1
+    constraint: ConstraintSpec | None = None
     choices: list[ChoiceState] = field(default_factory=list)
     streams: list[RequestStream] = field(default_factory=list)
     status: int = 200
@@ -164,10 +178,12 @@ class OpenAIServing:
         log_prompts: bool = False,
         limits: ServingLimits | None = None,
         tenant_classes: Mapping[str, str] | None = None,
+        tool_format: ToolCallFormat | None = None,
     ) -> None:
         """``tenant_classes`` (``server.tenant_slo_classes``) maps a tenant to the SLO
         class of its requests that name none; without one the engine applies
-        ``scheduler.default_slo_class``."""
+        ``scheduler.default_slo_class``. ``tool_format`` (``server.tool_call_parser``)
+        prompts, constrains and parses tool calls; default ``hermes``."""
         self._engine = engine
         self._tokenizer = tokenizer
         self.model_name = model_name
@@ -176,6 +192,7 @@ class OpenAIServing:
         self._log_prompts = log_prompts
         self._limits = limits or ServingLimits()
         self._tenant_classes = tenant_classes or {}
+        self._tool_format = tool_format or HermesFormat()
 
     def now(self) -> float:
         """The engine clock (seconds): request arrival and token times use it."""
@@ -209,19 +226,23 @@ class OpenAIServing:
             echo=echo,
         )
         priority = self._priority(body.priority, call)
-        job = _Job(call, "completions", prompts, priority, body.prompt, choices_per_prompt=n)
+        job = _Job(
+            call,
+            "completions",
+            prompts,
+            priority,
+            body.prompt,
+            choices_per_prompt=n,
+            constraint=completion_constraint(body),
+        )
         return await self._run(job, body, fmt, max_tokens, body.logprobs)
 
     async def chat(self, body: ChatCompletionRequest, call: CallInfo) -> Response:
         self._check_model(body.model)
-        # The chat template knows system/user/assistant; "developer" is OpenAI's newer
-        # name for system instructions.
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
-            for m in body.messages
-        ]
+        constraint = chat_constraint(body, self._tool_format)
+        messages, tools = prompt_messages(body, self._tokenizer.renders_tools, self._tool_format)
         try:
-            prompt = self._tokenizer.encode_chat(messages)
+            prompt = self._tokenizer.encode_chat(messages, tools)
         except ChatTemplateError as err:
             raise APIError(
                 400, f"messages: {err}", param="messages", code="invalid_value"
@@ -250,11 +271,24 @@ class OpenAIServing:
             self._check_limit(max_tokens, limit_field)
         self._check_context(prompt, max_tokens, limit_field)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        names = [t.name for t in offered_tools(body)]
         fmt = ChatFormat(
-            f"chatcmpl-{call.request_id}", self.model_name, self._tokenizer, bool(body.logprobs)
+            f"chatcmpl-{call.request_id}",
+            self.model_name,
+            self._tokenizer,
+            bool(body.logprobs),
+            tool_parser=(lambda: self._tool_format.parser(names)) if names else None,
         )
         priority = self._priority(body.priority, call)
-        job = _Job(call, "chat", [prompt], priority, messages, choices_per_prompt=body.n or 1)
+        job = _Job(
+            call,
+            "chat",
+            [prompt],
+            priority,
+            messages,
+            choices_per_prompt=body.n or 1,
+            constraint=constraint,
+        )
         return await self._run(job, body, fmt, max_tokens, logprobs)
 
     # ------------------------------------------------------------------ validation
@@ -378,6 +412,16 @@ class OpenAIServing:
             job.fail(APIError(500, "submission interrupted"))
             self._close(job)
             raise
+        if body.stream and job.constraint is not None:
+            try:
+                if not await _unless_disconnected(job.call.http, self._started(job)):
+                    self._close(job)
+                    return Response(status_code=CLIENT_CLOSED_REQUEST)
+            except Exception as exc:
+                error = self._api_error(job, exc)
+                job.fail(error)
+                self._close(job)
+                raise error from None
         if body.stream:
             return _SSEResponse(
                 self._sse(job, fmt, body.include_usage_in_stream, body.continuous_usage),
@@ -385,6 +429,24 @@ class OpenAIServing:
                 on_cancel=lambda: _cut_by_server(job),
             )
         return await self._respond(job, fmt)
+
+    @staticmethod
+    async def _started(job: _Job) -> None:
+        """Wait until every choice has its first output or has ended; raises the first
+        choice's error (a constraint that failed to compile fails the whole request)."""
+        waits = [asyncio.ensure_future(stream.peek()) for stream in job.streams]
+        try:
+            await asyncio.gather(*waits)
+        finally:
+            for wait in waits:  # the rest, once one has failed (peeking consumes nothing)
+                wait.cancel()
+
+    @staticmethod
+    def _api_error(job: _Job, exc: BaseException) -> APIError:
+        """``to_api_error``, with a constraint error naming the field it came from."""
+        if isinstance(exc, ConstraintError) and exc.param is None and job.constraint is not None:
+            exc = ConstraintError(str(exc), param=job.constraint.source)
+        return to_api_error(exc)
 
     async def _submit(
         self,
@@ -407,6 +469,7 @@ class OpenAIServing:
             arrival_time=job.call.arrival_time,
             slo_class=slo_class,
             tenant=tenant,
+            constraint=job.constraint,
         )
         choice = ChoiceState(index, request, self._tokenizer, body.stop_strings)
         job.streams.append(await self._engine.submit(request))
@@ -461,7 +524,7 @@ class OpenAIServing:
             if not await _unless_disconnected(job.call.http, collect()):
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
         except Exception as exc:
-            error = to_api_error(exc)
+            error = self._api_error(job, exc)
             job.fail(error)
             raise error from None
         finally:
@@ -481,14 +544,15 @@ class OpenAIServing:
             async with contextlib.aclosing(self._deltas(job)) as stream:
                 async for delta in stream:
                     sent[delta.index] = delta.num_output_tokens
-                    if not delta.is_empty:
+                    piece = None if delta.is_empty else fmt.stream_chunk(delta)
+                    if piece is not None:
                         usage = job.usage(sum(sent.values())) if continuous_usage else None
-                        yield _sse_data(fmt.stream_chunk(delta), usage)
+                        yield _sse_data(piece, usage)
             if include_usage:
                 yield _sse_data(fmt.stream_usage(job.usage()))
         except Exception as exc:
             # Headers are sent: the error travels as a final event, as OpenAI does.
-            error = to_api_error(exc)
+            error = self._api_error(job, exc)
             job.fail(error)
             yield f"data: {json.dumps(error.body())}\n\n"
         yield "data: [DONE]\n\n"

@@ -23,6 +23,9 @@ END_TOKENS: tuple[str, ...] = (
 )
 
 
+_PROBE_TOOL = "probe_tool_3f1c9a"  # a name no template writes unless given it
+
+
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered: no chat template, or the template refused them."""
 
@@ -44,10 +47,19 @@ class Tokenizer(Protocol):
         """Token ids of a raw prompt (with the model's usual leading special tokens)."""
         ...
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Token ids of ``[{"role", "content"}, ...]`` through the model's chat template,
-        ending with the prompt for the assistant's turn; ``ChatTemplateError`` if the
-        messages cannot be rendered."""
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template writes the ``tools`` it is given (and so the tool
+        calls and results in messages); if not, the gateway renders them as text."""
+        ...
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of ``[{"role", "content", ...}, ...]`` through the model's chat
+        template (with ``tools``, OpenAI's tool definitions, where given), ending with
+        the prompt for the assistant's turn; ``ChatTemplateError`` if the messages
+        cannot be rendered."""
         ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -102,12 +114,33 @@ class HFTokenizer:
         ids: list[int] = self._tok.encode(text, add_special_tokens=True)
         return ids
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        # A template may ignore ``tools`` silently (SmolLM2's does): render a probe tool
+        # and look for its name.
         if self._tok.chat_template is None:
-            raise ChatTemplateError("this model has no chat template; use /v1/completions")
+            return False
+        probe = {"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {}}}
         try:
             text = self._tok.apply_chat_template(
-                list(messages), add_generation_prompt=True, tokenize=False
+                [{"role": "user", "content": "x"}],
+                tools=[probe],
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception:  # a template that refuses tools does not render them
+            return False
+        return _PROBE_TOOL in text
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        if self._tok.chat_template is None:
+            raise ChatTemplateError("this model has no chat template; use /v1/completions")
+        extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+        try:
+            text = self._tok.apply_chat_template(
+                list(messages), add_generation_prompt=True, tokenize=False, **extra
             )
         except Exception as err:  # jinja2 raises its own errors (e.g. role order)
             raise ChatTemplateError(f"the chat template refused these messages: {err}") from err

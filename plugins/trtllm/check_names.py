@@ -1,7 +1,7 @@
 """Check the TensorRT-LLM names both executors use against the installed release. Run it
 inside the NGC TensorRT-LLM container, from the project root:
 
-    python -m plugins.trtllm.check_names [--mode all|engine|llm-api]
+    python -m plugins.trtllm.check_names [--mode all|engine|llm-api|in-executor]
                                          [--engine-dir BUILD_DIR] [--model MODEL]
 
 Per mode (engine: ``tensorrt_llm.bindings.executor``; LLM-API: ``tensorrt_llm.llmapi``),
@@ -22,6 +22,13 @@ one line per check (``OK`` or ``MISSING``):
 
 Keywords only some releases have (``Binding.optional``) are reported as present or
 absent, and checked only where present.
+
+In-executor mode (``names.IN_EXECUTOR_NAMES``, TensorRT-LLM's private PyTorch-executor
+API): the installed release is inside the range ``in_executor/install.py`` was checked
+against, its ``SchedulerOutput`` has the fields read for that line, every listed module,
+class and class attribute exists, and ``TorchLlmArgs`` has the options this mode passes.
+Attributes set per object (``PrivateNames.instance``) are listed, not checked: the
+in-executor run of ``scripts/validate_on_gpu.sh`` exercises them.
 
 ``--mode all`` (the default) checks each mode the installed release has and says which
 it skipped. Engine mode needs ``tensorrt_llm.bindings.executor.Executor`` itself: after
@@ -57,6 +64,9 @@ from plugins.trtllm.names import (
     BINDINGS,
     GENERATE_ASYNC_KEYWORDS,
     GENERATE_ASYNC_OPTIONAL,
+    IN_EXECUTOR_LLM_OPTIONS,
+    IN_EXECUTOR_NAMES,
+    IN_EXECUTOR_SCHEDULER_MODULE,
     LLM_API_BINDINGS,
     LLM_API_MODULE,
     MODULE,
@@ -559,6 +569,62 @@ def generate(executor: Any, block_size: int, prompt: list[int], max_tokens: int)
     return out
 
 
+# ---------------------------------------------------------------------------- in-executor
+
+
+def in_executor_checks(import_module: ImportModule, version: str, out: TextIO) -> list[NameCheck]:
+    """The release gate, the ``SchedulerOutput`` fields, and every listed private name."""
+    from plugins.trtllm.in_executor import install
+
+    def gate() -> str | None:
+        try:
+            line = install.release_line(version)
+            sched = import_module(IN_EXECUTOR_SCHEDULER_MODULE)
+            install.check_interface(line, sched.SchedulerOutput, sched.RequestScheduler)
+        except Exception as err:  # reported as the check's failure
+            return str(err)
+        return None
+
+    checks = [NameCheck(f"TensorRT-LLM {version} in the checked range, its interface", gate)]
+    for entry in IN_EXECUTOR_NAMES:
+        module = _imported(import_module, entry.module)
+        if module is None:
+            checks.append(_fails(entry.module, f"{entry.module} does not import"))
+            continue
+        if not entry.owner:
+            checks += [_class_check(module, entry.module, n) for n in entry.names]
+        else:
+            checks.append(_class_check(module, entry.module, entry.owner))
+            checks += [_member_check(module, entry.module, entry.owner, n) for n in entry.names]
+        if entry.instance:
+            print(
+                f"note     {entry.owner}: per-object attributes {', '.join(entry.instance)} "
+                "(set in __init__; exercised by the in-executor GPU run)",
+                file=out,
+            )
+    llmapi = _imported(import_module, LLM_API_MODULE)
+    for option in IN_EXECUTOR_LLM_OPTIONS:
+        if llmapi is None:
+            checks.append(
+                NameCheck(f"TorchLlmArgs.{option}", lambda: f"{LLM_API_MODULE} does not import")
+            )
+        else:
+            checks.append(_member_check(llmapi, LLM_API_MODULE, "TorchLlmArgs", option))
+    return checks
+
+
+def _fails(label: str, why: str) -> NameCheck:
+    """A check that failed before it could run (its module does not import)."""
+    return NameCheck(label, lambda: why)
+
+
+def _imported(import_module: ImportModule, name: str) -> Any | None:
+    try:
+        return import_module(name)
+    except ImportError:
+        return None
+
+
 # ---------------------------------------------------------------------------- main
 
 
@@ -598,7 +664,9 @@ def main(
     parser = argparse.ArgumentParser(
         description="Check the TensorRT-LLM names the trtllm and trtllm-llmapi executors use."
     )
-    parser.add_argument("--mode", choices=("all", "engine", "llm-api"), default="all")
+    parser.add_argument(
+        "--mode", choices=("all", "engine", "llm-api", "in-executor"), default="all"
+    )
     parser.add_argument(
         "--engine-dir", type=Path, help="backend: engine build folder to run live (needs a GPU)"
     )
@@ -611,6 +679,7 @@ def main(
     modes = [
         ("engine", MODULE, " (engine mode needs TensorRT-LLM 1.2.x)"),
         ("llm-api", LLM_API_MODULE, ""),
+        ("in-executor", IN_EXECUTOR_SCHEDULER_MODULE, " (in-executor scheduling)"),
     ]
     checks: list[NameCheck] = []
     imported = 0
@@ -639,8 +708,10 @@ def main(
         print(f"{mode} mode: {module_name} (TensorRT-LLM {version})", file=out)
         if mode == "engine":
             checks += engine_checks(module, args.engine_dir, out)
-        else:
+        elif mode == "llm-api":
             checks += llm_api_checks(module, args.model, out)
+        else:
+            checks += in_executor_checks(import_module, version, out)
     if not imported:
         return 2
     return 1 if run_checks(checks, out) else 0

@@ -24,7 +24,7 @@ and versions. The adapter itself always passes keywords.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 MODULE = "tensorrt_llm.bindings.executor"
 LLM_API_MODULE = "tensorrt_llm.llmapi"
@@ -282,6 +282,8 @@ LLM_API_BINDINGS: tuple[Binding, ...] = (
 # tensorrt_llm/_torch/pyexecutor/grammar_matcher.py at 0fccc5b9 (xgrammar: JSON,
 # JSON_SCHEMA, REGEX, EBNF_GRAMMAR, STRUCTURAL_TAG; llguidance: the same but
 # STRUCTURAL_TAG, and its EBNF_GRAMMAR is a Lark grammar).
+from dataclasses import replace as _replace  # noqa: E402 - kept inside this block
+
 GUIDED_DECODING_BACKENDS = ("xgrammar", "llguidance")
 GUIDED_DECODING_PARAMS = Binding(
     "GuidedDecodingParams", keywords=("json", "regex", "grammar", "json_object")
@@ -293,7 +295,7 @@ def _with_keyword(binding: Binding, keyword: str, before: str | None) -> Binding
     keeping the real parameter order."""
     keywords = list(binding.keywords)
     keywords.insert(keywords.index(before) if before is not None else len(keywords), keyword)
-    return replace(binding, keywords=tuple(keywords))
+    return _replace(binding, keywords=tuple(keywords))
 
 
 def _guided(binding: Binding) -> Binding:
@@ -323,3 +325,86 @@ WAITING_QUEUE_PRIORITY = "PRIORITY"  # the WaitingQueuePolicy member that honour
 # JSON: cpp/tensorrt_llm/executor/jsonSerialization.cpp).
 KV_CACHE_STATS_KEY = "kvCacheStats"
 KV_CACHE_STATS_FIELDS = ("maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock")
+
+
+# ======================================================================================
+# In-executor scheduling (plugins/trtllm/in_executor): names of TensorRT-LLM's PyTorch
+# executor that the in-executor scheduler uses. Private API (not in TensorRT-LLM's
+# documented interface), version-gated by in_executor/install.py; checked in the
+# container by ``python -m plugins.trtllm.check_names --mode in-executor``. Sources and
+# commits: docs/trtllm.md, "In-executor scheduling".
+# ======================================================================================
+
+
+from dataclasses import replace  # noqa: E402 - kept inside this block
+
+
+@dataclass(frozen=True)
+class PrivateNames:
+    """Names the in-executor scheduler reads on ``owner`` (a class, or ``""`` for the
+    module itself) of ``module``. ``instance``: attributes set per object in
+    ``__init__`` (checked live only, on an object)."""
+
+    module: str
+    owner: str
+    names: tuple[str, ...]
+    instance: tuple[str, ...] = ()
+
+
+IN_EXECUTOR_SCHEDULER_MODULE = "tensorrt_llm._torch.pyexecutor.scheduler"
+IN_EXECUTOR_LLM_REQUEST_MODULE = "tensorrt_llm._torch.pyexecutor.llm_request"
+IN_EXECUTOR_RESOURCE_MANAGER_MODULE = "tensorrt_llm._torch.pyexecutor.resource_manager"
+IN_EXECUTOR_CREATOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
+IN_EXECUTOR_PY_EXECUTOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor"
+IN_EXECUTOR_FACTORY = "create_py_executor_instance"
+
+IN_EXECUTOR_NAMES: tuple[PrivateNames, ...] = (
+    PrivateNames(IN_EXECUTOR_SCHEDULER_MODULE, "", ("SchedulerOutput", "RequestScheduler")),
+    PrivateNames(
+        IN_EXECUTOR_SCHEDULER_MODULE, "RequestScheduler", ("schedule_request", "can_schedule")
+    ),
+    PrivateNames(
+        IN_EXECUTOR_LLM_REQUEST_MODULE,
+        "LlmRequestState",
+        ("CONTEXT_INIT", "GENERATION_IN_PROGRESS", "GENERATION_COMPLETE"),
+    ),
+    PrivateNames(
+        IN_EXECUTOR_LLM_REQUEST_MODULE,
+        "LlmRequest",
+        (
+            "state",
+            "get_tokens",
+            "get_num_tokens",
+            "max_new_tokens",
+            "context_current_position",
+            "context_chunk_size",
+        ),
+        instance=("py_request_id", "py_client_id"),
+    ),
+    PrivateNames(IN_EXECUTOR_CREATOR_MODULE, "", (IN_EXECUTOR_FACTORY,)),
+    PrivateNames(IN_EXECUTOR_PY_EXECUTOR_MODULE, "PyExecutor", ("_schedule", "_pause_requests")),
+    PrivateNames(
+        IN_EXECUTOR_PY_EXECUTOR_MODULE,
+        "PyExecutor",
+        (),
+        instance=("scheduler", "resource_manager", "dist", "disable_overlap_scheduler"),
+    ),
+    PrivateNames(IN_EXECUTOR_RESOURCE_MANAGER_MODULE, "KVCacheManager", ("get_kv_cache_stats",)),
+)
+
+# TorchLlmArgs fields the LLM is built with in this mode only (in_executor/start.py).
+IN_EXECUTOR_LLM_OPTIONS = ("disable_overlap_scheduler",)
+# The id a request's facts are registered under (RequestOutput.request_id, the client
+# id the worker's LlmRequest keeps as py_client_id).
+IN_EXECUTOR_REQUEST_OUTPUT = ("request_id",)
+
+# The LLM-API list gains what this mode reads on request outputs (kept here, so the
+# list above stays as the other executors use it).
+LLM_API_BINDINGS = tuple(
+    replace(b, attributes=b.attributes + IN_EXECUTOR_REQUEST_OUTPUT)
+    if b.name == "RequestOutput"
+    else b
+    for b in LLM_API_BINDINGS
+)
+LLM_API_BY_NAME = {b.name: b for b in LLM_API_BINDINGS}
+# ============================================================ end of in-executor names

@@ -45,14 +45,20 @@ class Ask(NamedTuple):
     """One streaming request for TensorRT-LLM: ``max_tokens`` more tokens after
     ``tokens``, sampled as ``sampling`` says with ``seed``. ``priority`` is ours (lower
     first, the plan's ``ScheduledRequest.priority``); a mode or release that cannot pass
-    it on leaves TensorRT-LLM's own queue first-come-first-served. ``constraint`` is the
-    plan's handle (``ScheduledRequest.constraint``; the mode's guide), ``None`` for none."""
+    it on leaves TensorRT-LLM's own queue first-come-first-served. ``slo_class``,
+    ``tenant`` and ``arrival_time`` (seconds, engine clock) are the plan's too, for a
+    mode that schedules inside TensorRT-LLM (LLM-API in-executor mode). ``constraint`` is
+    the plan's handle (``ScheduledRequest.constraint``; the mode's guide), ``None`` for
+    none."""
 
     tokens: Sequence[int]
     max_tokens: int
     sampling: SamplingParams
     seed: int | None
     priority: int = 0
+    slo_class: str | None = None
+    tenant: str | None = None
+    arrival_time: float = 0.0
     constraint: object | None = None
 
 
@@ -184,7 +190,17 @@ class PlanRunner:
             )
         try:
             seed = self._seed(sampling, generated)
-            ask = Ask(tokens, max_tokens, sampling, seed, scheduled.priority, scheduled.constraint)
+            ask = Ask(
+                tokens,
+                max_tokens,
+                sampling,
+                seed,
+                scheduled.priority,
+                scheduled.slo_class,
+                scheduled.tenant,
+                scheduled.arrival_time,
+                scheduled.constraint,
+            )
             submission = self._backend.submit(ask)
         except Exception as err:  # TensorRT-LLM's refusal of this one request
             return f"TensorRT-LLM refused the request: {type(err).__name__}: {err}"

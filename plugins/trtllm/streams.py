@@ -86,11 +86,15 @@ class Streams:
     def route(self, update: Update) -> None:
         """Apply one update to its stream. Updates of requests already dropped
         (cancelled, finished) are ignored: TensorRT-LLM still sends the final update of
-        a cancelled request."""
+        a cancelled request. So are updates after a stream's final one: a request ended
+        on our side (a refusal inside the loop, in-executor mode) is aborted after its
+        final update, and TensorRT-LLM's own ending of it comes later."""
         request_id = self._by_submission.get(update.submission)
         if request_id is None:
             return
         stream = self._by_request[request_id]
+        if stream.final:
+            return
         if update.error is not None:
             stream.error = update.error
             stream.final = True

@@ -176,7 +176,7 @@ def test_constraints_are_enforced_where_claimed_and_refused_elsewhere(
     for step in range(3):
         run = tokens + generated if step == 0 else generated[-1:]
         start = 0 if step == 0 else len(tokens) + len(generated) - 1
-        entry = ScheduledRequest("c", run, start, table, True, SEEDED, 0, handle)
+        entry = ScheduledRequest("c", run, start, table, True, SEEDED, constraint=handle)
         result = executor.execute(SchedulerOutput([entry]))
         assert not result.failed, result.failed
         generated.append(result.sampled["c"])

@@ -180,7 +180,7 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
 
     def entry(rid: str, blocks: list[int], handle: object) -> ScheduledRequest:
         return ScheduledRequest(
-            rid, [1, 2, 3], 0, blocks, True, sampling(4, (2,), temperature=0), 0, handle
+            rid, [1, 2, 3], 0, blocks, True, sampling(4, (2,), temperature=0), constraint=handle
         )
 
     plan = SchedulerOutput(

@@ -35,6 +35,7 @@ class WordTokenizer:
 
     eos_token_ids: tuple[int, ...] = (EOS,)
     vocab_size = VOCAB
+    renders_tools = False
 
     def encode(self, text: str) -> list[int]:
         ids = []
@@ -46,7 +47,9 @@ class WordTokenizer:
                 ids.append(int.from_bytes(digest, "little") % EOS)
         return ids
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         text = " ".join(f"{m['role']} {m['content']}" for m in messages)
         return self.encode(f"{text} assistant")
 

@@ -483,7 +483,7 @@ def test_engine_crash_mid_stream_ends_with_an_error_event() -> None:
 
 
 class NoTemplateTokenizer(WordTokenizer):
-    def encode_chat(self, messages: Any) -> list[int]:
+    def encode_chat(self, messages: Any, tools: Any = None) -> list[int]:
         raise ChatTemplateError("this model has no chat template; use /v1/completions")
 
 

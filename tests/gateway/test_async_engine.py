@@ -13,11 +13,15 @@ import pytest
 
 from orchestrator.core.engine import EngineCore, EngineStep
 from orchestrator.core.errors import AdmissionError, EngineDeadError, OverloadedError
-from orchestrator.core.output import SchedulerOutput, StepResult
+from orchestrator.core.output import RequestOutput, SchedulerOutput, StepResult
 from orchestrator.core.request import FinishReason, Submission
 from orchestrator.gateway.async_engine import (
+    INVALID_CONSTRAINT,
     AsyncEngine,
+    ConstraintError,
     RequestFailedError,
+    RequestShedError,
+    RequestStream,
     SubmissionFailedError,
 )
 from tests.factories import make_request
@@ -298,3 +302,49 @@ async def test_an_abort_that_raises_is_logged_and_the_engine_runs_on(
     finally:
         await engine.shutdown()
     assert "aborting request cursed failed" in caplog.text
+
+
+def _output(request_id: str, tokens: tuple[int, ...], **end: object) -> RequestOutput:
+    finished = bool(end)
+    return RequestOutput(
+        request_id,
+        tokens,
+        (),
+        finished,
+        end.get("reason"),
+        3,
+        len(tokens),  # type: ignore[arg-type]
+        error=end.get("error"),
+        error_code=end.get("code"),  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.anyio
+async def test_peek_waits_for_the_first_output_without_consuming_it() -> None:
+    stream = RequestStream("r", lambda request_id: None)
+    waiting = asyncio.ensure_future(stream.peek())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    stream.put(_output("r", (5,)))
+    stream.put(_output("r", (6,), reason=FinishReason.LENGTH))
+    assert (await waiting).new_token_ids == (5,)
+    assert (await stream.peek()).new_token_ids == (5,)  # peeking twice consumes nothing
+    assert [o.new_token_ids async for o in stream] == [(5,), (6,)]
+
+
+@pytest.mark.anyio
+async def test_an_invalid_constraint_ending_raises_a_constraint_error() -> None:
+    stream = RequestStream("r", lambda request_id: None)
+    stream.put(
+        _output(
+            "r", (), reason=FinishReason.ERROR, error="schema too deep", code=INVALID_CONSTRAINT
+        )
+    )
+    with pytest.raises(ConstraintError, match="schema too deep"):
+        await stream.peek()
+    other = RequestStream("s", lambda request_id: None)
+    other.put(
+        _output("s", (), reason=FinishReason.ERROR, error="late", code="ttft_deadline_passed")
+    )
+    with pytest.raises(RequestShedError):  # other engine codes keep their meaning
+        await other.peek()

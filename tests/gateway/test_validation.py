@@ -400,11 +400,11 @@ UNHONOURABLE: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/completions", completion(temperatur=0.5), "temperatur"),  # a typo is not ignored
     (
         "/v1/chat/completions",
-        chat(tools=[{"type": "function", "function": {"name": "f"}}]),
-        "tools",
+        chat(functions=[{"name": "f", "parameters": {"type": "object"}}]),
+        "functions",
     ),
+    ("/v1/chat/completions", chat(function_call={"name": "f"}), "function_call"),
     ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice"),
-    ("/v1/chat/completions", chat(response_format={"type": "json_object"}), "response_format"),
     ("/v1/chat/completions", chat(modalities=["text", "audio"]), "modalities"),
     ("/v1/chat/completions", chat(reasoning_effort="high"), "reasoning_effort"),
     ("/v1/chat/completions", chat(service_tier="platinum"), "service_tier"),
@@ -416,9 +416,18 @@ UNHONOURABLE: list[tuple[str, dict[str, Any], str]] = [
     (
         "/v1/chat/completions",
         chat(messages=[{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]),
-        "messages.0.tool_calls",
+        "messages.0.tool_calls.0.type",
     ),
-    ("/v1/chat/completions", chat(messages=[{"role": "tool", "content": "x"}]), "messages.0.role"),
+    (
+        "/v1/chat/completions",
+        chat(messages=[{"role": "tool", "content": "x"}]),
+        "messages.0.tool_call_id",
+    ),
+    (
+        "/v1/chat/completions",
+        chat(messages=[{"role": "function", "content": "x"}]),
+        "messages.0.role",
+    ),
 ]
 
 

@@ -41,7 +41,7 @@ def run(engine: Any = fake_tensorrt_llm, llm_api: Any = None, *argv: str) -> tup
     out = io.StringIO()
 
     def import_module(name: str) -> Any:
-        module = modules[name]
+        module = modules.get(name)  # in-executor modules: absent, so that mode is skipped
         if module is None:
             raise ImportError(f"No module named {name!r}")
         return module

@@ -27,6 +27,33 @@ def compute(kv: KVCacheManager, r: Request, n: int, prefix: list[int] | None = N
     return True
 
 
+def test_mirroring_an_executor_allocates_the_whole_prompt_on_the_first_chunk() -> None:
+    kv = KVCacheManager(10, BS, False, mirror_executor=True)
+    r = make_request(prompt_len=14)  # 4 blocks, the first chunk 5 tokens
+    assert len(kv.allocate(r, 5) or []) == 4
+    r.num_computed_tokens = 5
+    assert len(kv.allocate(r, 5) or []) == 4  # covered already: nothing new
+    r.output_token_ids.extend([1, 2])
+    r.num_computed_tokens = 15
+    assert len(kv.allocate(r, 1) or []) == 4  # position 15 is in block 3
+    r.num_computed_tokens = 16
+    assert len(kv.allocate(r, 1) or []) == 5  # a decode's block, one at a time
+    plain = KVCacheManager(10, BS, False)
+    assert len(plain.allocate(make_request(prompt_len=14), 5) or []) == 2
+    kv.integrity_check()
+
+
+def test_mirroring_an_executor_allocates_nothing_beyond_its_free_count() -> None:
+    kv = KVCacheManager(10, BS, False, mirror_executor=True)
+    kv.observe_executor_free(7)  # the executor still holds 3 blocks we freed
+    assert kv.allocate(make_request(prompt_len=32), 4) is None  # 8 blocks > 7
+    assert kv.allocate(make_request(prompt_len=28), 4) is not None  # 7 blocks
+    plain = KVCacheManager(10, BS, False)
+    plain.observe_executor_free(7)
+    assert plain.allocate(make_request(prompt_len=32), 32) is not None  # admission only
+    kv.integrity_check()
+
+
 def test_allocate_covers_positions_and_free_returns_blocks() -> None:
     kv = KVCacheManager(8, BS)
     r = make_request(prompt_len=10)

@@ -360,3 +360,40 @@ def test_admission_uses_the_executors_free_count_when_it_reports_a_tighter_one()
     sched.update(plan, StepResult({"running": 1}, 0.01, kv_free_blocks=60), clock.now())
     admitted = {s.request_id for s in sched.schedule(clock.now()).scheduled}
     assert admitted == {"running", "w0", "w1", "w2"}
+
+
+def test_plan_entries_carry_the_requests_facts() -> None:
+    # An executor that schedules inside itself with the same policies needs them.
+    engine, clock = make_engine(slo_classes={"chat": {"ttft_ms": 500, "tpot_ms": 80}})
+    engine.scheduler.add_request(
+        make_request(
+            8, 2, request_id="a", priority=3, slo_class="chat", tenant="t", arrival_time=0.5
+        ),
+        0.5,
+    )
+    (entry,) = run_step(engine, clock).plan.scheduled
+    assert (entry.priority, entry.slo_class, entry.tenant, entry.arrival_time) == (
+        3,
+        "chat",
+        "t",
+        0.5,
+    )
+
+
+def test_the_two_halves_of_a_step_are_the_step() -> None:
+    # plan_step and finish_step, with the executor called between them, are what step()
+    # does: a loop that runs plans itself (TensorRT-LLM's in-executor mode) drives these.
+    whole, clock_a = make_engine(num_blocks=5, max_num_tokens=32, chunk_size=16, max_batch_size=4)
+    halves, clock_b = make_engine(num_blocks=5, max_num_tokens=32, chunk_size=16, max_batch_size=4)
+    for engine in (whole, halves):
+        for i in range(4):
+            engine.scheduler.add_request(make_request(28, 10, request_id=f"r{i}"), 0.0)
+    for _ in range(40):
+        a = run_step(whole, clock_a)
+        start = clock_b.now()
+        plan = halves.plan_step(start)
+        b = halves.finish_step(plan, halves.executor.execute(plan), start)
+        clock_b.advance_to(b.start_time + b.duration_s)
+        assert (a.plan, a.outputs) == (b.plan, b.outputs)
+    assert whole.scheduler.num_preemptions == halves.scheduler.num_preemptions > 0
+    assert not whole.has_work() and not halves.has_work()

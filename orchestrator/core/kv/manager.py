@@ -42,7 +42,11 @@ class KVCacheManager:
     admission headroom: ``headroom_blocks`` free blocks per running request stay free
     when a new request is admitted. Where the executor owns the real KV cache and
     reports its free blocks (``observe_executor_free``), admission uses the tighter of
-    the two pictures. All counts are blocks unless a name says tokens.
+    the two pictures. With ``mirror_executor`` the executor's own KV manager is the truth
+    (TensorRT-LLM's in-executor mode): a request that holds no blocks gets blocks for all
+    its known tokens on its first chunk, as that manager allocates a sequence, and no
+    allocation takes blocks beyond the executor's last reported free count either. All
+    counts are blocks unless a name says tokens.
     """
 
     def __init__(
@@ -53,12 +57,14 @@ class KVCacheManager:
         *,
         headroom_blocks: int = 1,
         hash_seed: str | None = None,
+        mirror_executor: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.headroom_blocks = headroom_blocks
+        self.mirror_executor = mirror_executor
         self.pool = BlockPool(num_blocks)
         self._root = root_hash(hash_seed)
         self._records: dict[str, _RequestBlocks] = {}
@@ -171,6 +177,9 @@ class KVCacheManager:
         rid = request.request_id
         record = self._records.get(rid)
         bs = self.block_size
+        if self.mirror_executor and num_new_tokens > 0 and (record is None or not record.blocks):
+            # The executor's manager allocates a sequence's known tokens whole.
+            num_new_tokens = max(num_new_tokens, request.num_tokens - request.num_computed_tokens)
         if not cached_prefix:
             held = record.blocks if record is not None else []
             need = -(-(request.num_computed_tokens + num_new_tokens) // bs) - len(held)
@@ -182,7 +191,10 @@ class KVCacheManager:
             need = -(-(len(cached_prefix) * bs + num_new_tokens) // bs) - len(cached_prefix)
         # Reusing a cached block with no owner takes it out of the free queue.
         reclaimed = sum(1 for b in cached_prefix or () if self.pool.ref_counts[b] == 0)
-        if max(need, 0) + reclaimed > self.pool.num_free:
+        free = self.pool.num_free
+        if self.mirror_executor:
+            free -= self._executor_shortfall
+        if max(need, 0) + reclaimed > free:
             return None
         if record is None:
             record = self._records[rid] = _RequestBlocks()

@@ -326,7 +326,7 @@ class Scheduler:
             self.kv.block_table_snapshot(rid),
             start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
             request.sampling,
-            request.priority,
+            *request.plan_facts,
             request.constraint_handle,
         )
         step.budget -= n

@@ -6,7 +6,9 @@ when ``generate_async`` made it (its queue is an asyncio queue only then), as
 submission calls ``generate_async`` there and starts a task that turns every streamed
 output into an ``Update`` on a thread-safe queue, which ``poll`` reads on the engine's
 thread. Aborts run on the loop too, and so does the statistics reader (``stats``), which
-each submission re-arms.
+each submission re-arms. In in-executor mode, a request the worker's scheduler refuses
+(``in_executor.refusals``) is ended here the same way: its stream gets a final update
+with the refusal as its error, and it is aborted in TensorRT-LLM.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.guided import Guide
 from plugins.trtllm.llm_api.stats import KvStatsReader
@@ -89,7 +93,14 @@ class EventLoopThread:
 
 class LlmApiBackend:
     """Submissions are our own counter; ``RequestOutput`` handles live on the loop.
-    ``release`` says whether ``generate_async`` gets a priority."""
+    ``release`` says whether ``generate_async`` gets a priority. With ``facts`` (the
+    in-executor mode's channel), each submission's priority, SLO class, tenant and
+    arrival are registered under the request id ``generate_async``'s result carries,
+    before the worker's scheduler can read them. With ``refusals``, a refusal under that
+    id ends the submission: a final ``Update`` whose ``error`` is the refusal (the runner
+    names it in ``StepResult.failed``, so the core ends it with that error) and
+    ``RequestOutput.abort()``, so TensorRT-LLM drops it too. Refusals of submissions
+    already finished are ignored."""
 
     def __init__(
         self,
@@ -98,16 +109,22 @@ class LlmApiBackend:
         loop: EventLoopThread,
         stats: KvStatsReader,
         release: ReleaseOptions,
+        facts: FactsChannel | None = None,
+        refusals: RefusalChannel | None = None,
     ) -> None:
         self._llmapi = llmapi
+        self._facts = facts
         self._llm = llm
         self._loop = loop
         self._stats = stats
         self._release = release
         self._updates: queue.SimpleQueue[Update] = queue.SimpleQueue()
         self._handles: dict[int, Any] = {}  # touched on the loop's thread only
+        self._by_request_id: dict[int, int] = {}  # RequestOutput.request_id: submission; loop only
         self._tasks: set[asyncio.Task[None]] = set()
         self._next = 1
+        if refusals is not None:
+            refusals.listen(self._refused)
 
     def submit(self, ask: Ask) -> int:
         guide = ask.constraint if isinstance(ask.constraint, Guide) else None
@@ -118,7 +135,8 @@ class LlmApiBackend:
         if self._release.passes_priority:
             options["priority"] = translate.llm_priority(ask.priority)
         submission, self._next = self._next, self._next + 1
-        self._loop.call(self._start, submission, list(ask.tokens), params, options)
+        facts = RequestFacts(ask.priority, ask.slo_class, ask.tenant, ask.arrival_time)
+        self._loop.call(self._start, submission, list(ask.tokens), params, options, facts)
         return submission
 
     def cancel(self, submission: int) -> None:
@@ -143,14 +161,28 @@ class LlmApiBackend:
     # ------------------------------------------------------------------ on the loop
 
     def _start(
-        self, submission: int, tokens: list[int], params: Any, options: dict[str, Any]
+        self,
+        submission: int,
+        tokens: list[int],
+        params: Any,
+        options: dict[str, Any],
+        facts: RequestFacts,
     ) -> None:
-        output = self._llm.generate_async(tokens, sampling_params=params, streaming=True, **options)
+        if self._facts is None:
+            output = self._generate(tokens, params, options)
+        else:
+            with self._facts.submitting() as staged:
+                output = self._generate(tokens, params, options)
+                staged[int(output.request_id)] = facts
         self._stats.rearm()  # the submission lifted TensorRT-LLM's statistics latch
         self._handles[submission] = output
+        self._by_request_id[int(output.request_id)] = submission
         task = asyncio.get_running_loop().create_task(self._pump(submission, output))
         self._tasks.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._tasks.discard)
+
+    def _generate(self, tokens: list[int], params: Any, options: dict[str, Any]) -> Any:
+        return self._llm.generate_async(tokens, sampling_params=params, streaming=True, **options)
 
     async def _pump(self, submission: int, output: Any) -> None:
         final = False
@@ -165,8 +197,22 @@ class LlmApiBackend:
             self._updates.put(Update(submission, final=True, error=f"{type(err).__name__}: {err}"))
         finally:
             self._handles.pop(submission, None)
+            self._by_request_id.pop(int(output.request_id), None)
 
     def _abort(self, submission: int) -> None:
         output = self._handles.get(submission)
         if output is not None and not output.finished:
             output.abort()
+
+    def _refused(self, request_id: int, reason: str) -> None:
+        """The worker's scheduler refused ``request_id`` (called on its executor thread,
+        so the work is handed to the loop, in order after the submission's ``_start``)."""
+        self._loop.soon(self._end_refused, request_id, reason)
+
+    def _end_refused(self, request_id: int, reason: str) -> None:
+        submission = self._by_request_id.get(request_id)
+        if submission is None:
+            return  # finished (or never ours): nothing left to end
+        # Queued before any later update of the submission: its stream ends with this.
+        self._updates.put(Update(submission, final=True, error=reason))
+        self._abort(submission)

@@ -34,6 +34,13 @@ class TrtllmLlmApiConfig(BaseModel):
     ``max_batch_size``), ``cuda_graph_padding`` (true); ``capacity_scheduler_policy``
     (``GUARANTEED_NO_EVICT``).
 
+    ``scheduling``: ``front`` (the default) keeps TensorRT-LLM's own capacity and
+    micro-batch schedulers deciding each iteration, with our scheduler in front
+    (admission, order of submission, preemption by abort and resubmit);
+    ``in_executor`` also puts our scheduler inside TensorRT-LLM's executor loop, where it
+    decides each iteration's batch, chunk sizes and preemptions (checked releases only,
+    one GPU rank; docs/trtllm.md, "In-executor scheduling").
+
     Adapter settings: ``seed`` seeds the seeds drawn for sampled requests that carry
     none (``None``: fresh entropy); ``step_timeout_s`` is the longest wait, in seconds,
     for one step's tokens; ``startup_timeout_s`` bounds the model load and the warm-up
@@ -65,6 +72,7 @@ class TrtllmLlmApiConfig(BaseModel):
     cuda_graph_batch_sizes: list[int] | None = Field(None, min_length=1)
     cuda_graph_padding: bool | None = None
     capacity_scheduler_policy: CapacitySchedulerPolicy | None = None
+    scheduling: Literal["front", "in_executor"] = "front"
     seed: int | None = None
     step_timeout_s: float = Field(600.0, gt=0)
     startup_timeout_s: float = Field(1800.0, gt=0)

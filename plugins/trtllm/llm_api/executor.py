@@ -9,7 +9,9 @@ loop-side statistics reader (``llm_api.stats``) receives.
 
 from __future__ import annotations
 
+import importlib
 import weakref
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from orchestrator.core import ConstraintKind, ConstraintSpec, EngineConfig
@@ -24,6 +26,7 @@ from plugins.trtllm.llm_api.settings import (
     check_engine_config,
     load_settings,
     with_model_len,
+    with_scheduling,
 )
 from plugins.trtllm.llm_api.stats import KvStatsReader
 from plugins.trtllm.llm_api.translate import ReleaseOptions
@@ -36,12 +39,29 @@ _STATS_ARRIVAL_S = 30.0
 
 
 def _release(loop: EventLoopThread, owned: list[Any]) -> None:
-    """Shut the LLM down, then stop the event loop (cancelling the stream tasks). In this
-    order no result of a request still in flight is handed to a closed loop: the LLM's
-    worker threads deliver to the loop until its shutdown returns."""
-    for llm in owned:
-        llm.shutdown()
+    """Shut the LLM down (then undo the in-executor installation, started before it),
+    then stop the event loop (cancelling the stream tasks). In this order no result of a
+    request still in flight is handed to a closed loop: the LLM's worker threads deliver
+    to the loop until its shutdown returns."""
+    for item in reversed(owned):
+        item.shutdown()
     loop.stop()
+
+
+class WithLlmOptions:
+    """``llmapi`` whose ``LLM`` is built with ``options`` added: the in-executor mode's
+    TorchLlmArgs fields (``names.IN_EXECUTOR_LLM_OPTIONS``), which only that mode passes.
+    Every other name is ``llmapi``'s."""
+
+    def __init__(self, llmapi: Any, options: dict[str, Any]) -> None:
+        self._llmapi = llmapi
+        self._options = options
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llmapi, name)
+
+    def LLM(self, *args: Any, **kwargs: Any) -> Any:
+        return self._llmapi.LLM(*args, **kwargs, **self._options)
 
 
 class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings]):
@@ -56,6 +76,8 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
     guide would restart at the resumed position)."""
 
     Config: ClassVar[type[TrtllmLlmApiConfig]] = TrtllmLlmApiConfig
+    # Imports TensorRT-LLM's private modules for in-executor scheduling (tests replace it).
+    import_module: ClassVar[Callable[[str], Any]] = staticmethod(importlib.import_module)
 
     def __init__(self, llmapi: Any, settings: LlmApiSettings, options: TrtllmLlmApiConfig) -> None:
         self._llmapi = llmapi
@@ -70,7 +92,7 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
 
     @classmethod
     def resolve(cls, options: TrtllmLlmApiConfig, engine: EngineConfig) -> LlmApiSettings:
-        settings = with_model_len(load_settings(options), engine)
+        settings = with_scheduling(with_model_len(load_settings(options), engine), options, engine)
         check_engine_config(settings, engine)
         return settings
 
@@ -98,10 +120,23 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
 
     def _start(self) -> Backend:
         self._release = translate.release_options(self._llmapi)
-        llm = translate.start_llm(self._llmapi, self.settings, self._release)
+        llmapi, facts, refusals = self._llmapi, None, None
+        core = self.settings.in_executor
+        if core is not None:
+            # Before the LLM: its worker builds the executor, and with it our scheduler.
+            from plugins.trtllm.in_executor import start as in_executor
+
+            imports = type(self).import_module
+            mode = in_executor.start(core, self.settings.tokens_per_block, imports)
+            self._owned.append(mode)
+            llmapi = WithLlmOptions(llmapi, in_executor.LLM_OPTIONS)
+            facts, refusals = mode.facts, mode.refusals
+        llm = translate.start_llm(llmapi, self.settings, self._release)
         self._owned.append(llm)
         self._stats = KvStatsReader(llm)
-        return LlmApiBackend(self._llmapi, llm, self._loop, self._stats, self._release)
+        return LlmApiBackend(
+            self._llmapi, llm, self._loop, self._stats, self._release, facts, refusals
+        )
 
     def _first_kv(self, timeout_s: float) -> KvSnapshot | None:
         snapshot = self._stats.latest.wait_first(min(_STATS_ARRIVAL_S, timeout_s))
@@ -120,6 +155,8 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
 
     def _start_note(self) -> str:
         assert self._release is not None  # set by _start
+        if self.settings.in_executor is not None:
+            return "; in-executor scheduling: our scheduler decides every iteration"
         return "; " + policy_summary(self.settings, self._release)
 
     def _no_stats_hint(self) -> str:

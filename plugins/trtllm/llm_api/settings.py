@@ -25,10 +25,21 @@ class CudaGraphs:
 
 
 @dataclass(frozen=True)
+class InExecutorCore:
+    """What the scheduler inside TensorRT-LLM's loop is built from: the engine config
+    (its scheduler and cache sections: the same policies as in front) and the context
+    limit (``max_model_len``, tokens)."""
+
+    engine: EngineConfig
+    max_model_len: int
+
+
+@dataclass(frozen=True)
 class LlmApiSettings:
     """Everything ``LLM`` is built from. ``model`` is a checkpoint folder or a Hub id.
     Limits are in tokens (sequences for ``max_batch_size``); ``None`` leaves a limit to
-    TensorRT-LLM (the model's own). ``cuda_graphs`` ``None`` turns graphs off."""
+    TensorRT-LLM (the model's own). ``cuda_graphs`` ``None`` turns graphs off.
+    ``in_executor``: set when our scheduler also runs inside TensorRT-LLM's loop."""
 
     model: str
     tensor_parallel_size: int
@@ -44,6 +55,7 @@ class LlmApiSettings:
     enable_chunked_prefill: bool
     cuda_graphs: CudaGraphs | None
     capacity_scheduler_policy: str
+    in_executor: InExecutorCore | None = None
     # TensorRT-LLM's grammar backend (``names.GUIDED_DECODING_BACKENDS``), or None: none.
     guided_decoding_backend: str | None = None
 
@@ -189,3 +201,27 @@ def check_engine_config(settings: LlmApiSettings, engine: EngineConfig) -> None:
             f"scheduler.max_batch_size is {engine.scheduler.max_batch_size} but TensorRT-LLM "
             f"is started for at most {settings.max_batch_size} sequences (max_batch_size)"
         )
+
+
+def with_scheduling(
+    settings: LlmApiSettings, config: TrtllmLlmApiConfig, engine: EngineConfig
+) -> LlmApiSettings:
+    """Settings for ``config.scheduling``: unchanged for ``front``; for ``in_executor``,
+    the core the worker builds, and KV block reuse off (TensorRT-LLM's reuse moves a
+    request's context position after our plan is made, so the core's chunk would start
+    at the wrong token). Raises ``ConfigError`` for more than one GPU rank: the
+    scheduler is installed in the serving process, which holds one rank."""
+    if config.scheduling == "front":
+        return settings
+    if settings.world_size > 1:
+        raise ConfigError(
+            f"executor.scheduling: in_executor runs on one GPU rank; {settings.model} is set "
+            f"for tensor_parallel_size {settings.tensor_parallel_size} and "
+            f"pipeline_parallel_size {settings.pipeline_parallel_size}. Remove "
+            "executor.scheduling (TensorRT-LLM's own scheduler then runs under ours)"
+        )
+    model_len = settings.max_seq_len or engine.model.max_model_len or settings.max_input_len
+    assert model_len is not None  # with_model_len always sets max_input_len
+    return replace(
+        settings, enable_block_reuse=False, in_executor=InExecutorCore(engine, model_len)
+    )

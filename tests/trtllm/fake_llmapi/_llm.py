@@ -179,6 +179,11 @@ class RequestOutput:
     _done: bool
 
     @property
+    def request_id(self) -> int:
+        """The request's id (TensorRT-LLM: the client id its executor assigned)."""
+        return self._job_id
+
+    @property
     def outputs(self) -> list[CompletionOutput]:
         return [self._completion]
 

@@ -1,0 +1,71 @@
+"""Per-request facts that travel from the submitting side to the worker's scheduler,
+keyed by TensorRT-LLM's request id (``LlmRequest.py_request_id``, the id
+``generate_async``'s result carries).
+
+TensorRT-LLM's ``generate_async(priority=)`` (where a release has it) carries one float
+in [0, 1]; our scheduler also orders and budgets by SLO class (its TTFT deadline and
+TPOT target) and charges tenants, so those travel here. The channel lives in the worker
+process: in-executor mode runs TensorRT-LLM's worker in the serving process
+(``install``), so a lock-guarded map is the whole transport.
+
+A submitter registers under ``submitting()``: the executor thread may pick a request up
+between ``generate_async`` returning its id and the facts being stored, so the adapter's
+``take`` waits on the same lock and never sees a request before its facts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What the core needs of a request beyond its tokens: ``priority`` (ours, lower
+    first), ``slo_class`` (a configured class name; ``None`` for the default),
+    ``tenant`` (``None`` when fair share is unused) and ``arrival_time`` (seconds on the
+    worker scheduler's clock, the TTFT deadline counts from it; ``None``: when the
+    adapter first sees the request)."""
+
+    priority: int = 0
+    slo_class: str | None = None
+    tenant: str | None = None
+    arrival_time: float | None = None
+
+
+class FactsChannel:
+    """Thread-safe map from TensorRT-LLM request id to ``RequestFacts``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._facts: dict[int, RequestFacts] = {}
+
+    @contextmanager
+    def submitting(self) -> Iterator[dict[int, RequestFacts]]:
+        """Hold the channel while submitting: put ``{request_id: facts}`` into the
+        yielded map once ``generate_async`` has returned the id; the adapter reads
+        nothing until the block ends."""
+        with self._lock:
+            staged: dict[int, RequestFacts] = {}
+            try:
+                yield staged
+            finally:
+                self._facts.update(staged)
+
+    def take(self, request_id: int) -> RequestFacts | None:
+        """The facts registered for ``request_id``, removed from the channel (the
+        adapter keeps what it needs); ``None`` for a request submitted without any
+        (then the release's own ``priority`` and the defaults apply)."""
+        with self._lock:
+            return self._facts.pop(request_id, None)
+
+    def forget(self, request_id: int) -> None:
+        """Drop facts of a request that ended before the scheduler saw it."""
+        with self._lock:
+            self._facts.pop(request_id, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._facts)

@@ -1,0 +1,208 @@
+"""Put the in-executor scheduler where TensorRT-LLM builds its own, behind a version gate.
+
+TensorRT-LLM has no plug-in point for the request scheduler: its
+``docs/source/torch/scheduler.md`` says to write a ``RequestScheduler`` and change
+``create_py_executor_instance`` in ``tensorrt_llm/_torch/pyexecutor/_util.py``, which
+builds ``SimpleScheduler(capacity_scheduler, mb_scheduler)`` and passes it to
+``PyExecutor(resource_manager, scheduler, ...)`` (stored copies of ``_util.py`` read;
+the index exposes no commit id). Rather than edit TensorRT-LLM, ``install`` wraps that
+function where it is called: ``tensorrt_llm/_torch/pyexecutor/py_executor_creator.py``
+imports it by name (``from ._util import (..., create_py_executor_instance, ...)``), so
+the wrap replaces ``py_executor_creator.create_py_executor_instance``, as TensorRT-LLM's
+own tests do (``monkeypatch.setattr(py_executor_creator,
+"create_py_executor_instance", ...)``). The ``PyExecutor`` it returns gets our scheduler
+as its ``scheduler`` attribute, which ``PyExecutor._schedule`` calls each iteration
+(TensorRT-LLM sets the attribute the same way itself when an older ``_util.py``
+rebuilds the KV cache manager: ``py_executor.scheduler = scheduler``). Private API: the
+gate below names the releases whose interface this was checked against and refuses
+others.
+
+The wrap acts in the process that builds the executor. In-executor mode runs
+TensorRT-LLM's worker in the serving process (``TLLM_WORKER_USE_SINGLE_PROCESS=1``, the
+switch TensorRT-LLM's own tests set to reach the in-process ``PyExecutor``), so one
+tensor-parallel rank; ranks in MPI worker processes are not reached (refused at start).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from plugins.trtllm.errors import TrtllmError
+from plugins.trtllm.in_executor.adapter import KNOWN_OUTPUT_FIELDS, TrtllmTypes
+from plugins.trtllm.names import (
+    IN_EXECUTOR_CREATOR_MODULE,
+    IN_EXECUTOR_FACTORY,
+    IN_EXECUTOR_LLM_OPTIONS,
+    IN_EXECUTOR_LLM_REQUEST_MODULE,
+    IN_EXECUTOR_RESOURCE_MANAGER_MODULE,
+    IN_EXECUTOR_SCHEDULER_MODULE,
+)
+
+# Modules and names used here, as plugins.trtllm.names lists them (check_names checks
+# them in the container).
+CREATOR_MODULE = IN_EXECUTOR_CREATOR_MODULE
+SCHEDULER_MODULE = IN_EXECUTOR_SCHEDULER_MODULE
+LLM_REQUEST_MODULE = IN_EXECUTOR_LLM_REQUEST_MODULE
+RESOURCE_MANAGER_MODULE = IN_EXECUTOR_RESOURCE_MANAGER_MODULE
+FACTORY_NAME = IN_EXECUTOR_FACTORY
+SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"
+(OVERLAP_OPTION,) = IN_EXECUTOR_LLM_OPTIONS  # the LLM option (TorchLlmArgs field)
+
+# The releases whose scheduler interface was read and the SchedulerOutput fields each
+# has: 1.2.x, the flat scheduler.py (tensorrt_llm/_torch/pyexecutor/scheduler.py at
+# 034fffb0); the 1.3 line, the scheduler/ package (scheduler/scheduler.py at 002f3cc3).
+CHECKED_RELEASES = "1.2.x and 1.3.x (pre-releases of 1.3.0 included)"
+CHECKED_OUTPUT_FIELDS: dict[str, tuple[str, ...]] = {
+    "1.2": (
+        "context_requests",
+        "generation_requests",
+        "paused_requests",
+        "fitting_disagg_gen_init_requests",
+        "num_fitting_requests",
+    ),
+    "1.3": (
+        "encoder_requests",
+        "context_requests",
+        "generation_requests",
+        "paused_requests",
+        "fitting_disagg_gen_init_requests",
+        "num_fitting_requests",
+        "scheduled_mm_encoder_items",
+    ),
+}
+assert all(set(f) <= KNOWN_OUTPUT_FIELDS for f in CHECKED_OUTPUT_FIELDS.values())
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)")
+
+
+def release_line(version: str) -> str:
+    """``"1.2"`` or ``"1.3"`` for a checked release; ``TrtllmError`` naming the checked
+    range for any other (``1.4.0rc4``, ``1.1.0``, an unparsable string)."""
+    match = _VERSION.match(version.strip())
+    line = f"{match.group(1)}.{match.group(2)}" if match else None
+    if line not in CHECKED_OUTPUT_FIELDS:
+        raise TrtllmError(
+            f"scheduling: in_executor was checked against TensorRT-LLM {CHECKED_RELEASES}; "
+            f"the installed release is {version}. Remove executor.scheduling (or set it "
+            "to front) to let TensorRT-LLM's own scheduler run under ours, or install a "
+            "checked release"
+        )
+    return line
+
+
+def check_interface(line: str, output_type: Any, request_scheduler: Any) -> None:
+    """Refuse a release whose scheduler interface is not the one read for ``line``:
+    its ``SchedulerOutput`` fields and ``RequestScheduler.schedule_request``."""
+    fields = tuple(getattr(output_type, "_fields", ()))
+    if fields != CHECKED_OUTPUT_FIELDS[line]:
+        raise TrtllmError(
+            f"scheduling: in_executor: this TensorRT-LLM {line} release's SchedulerOutput "
+            f"has fields {fields}, not the {CHECKED_OUTPUT_FIELDS[line]} it was checked "
+            f"against; remove executor.scheduling to use TensorRT-LLM's own scheduler"
+        )
+    if not callable(getattr(request_scheduler, "schedule_request", None)):
+        raise TrtllmError(
+            "scheduling: in_executor: RequestScheduler.schedule_request is missing in "
+            "this TensorRT-LLM release"
+        )
+
+
+@dataclass(frozen=True)
+class Release:
+    """The installed release as the installer uses it."""
+
+    version: str
+    line: str
+    creator: Any  # py_executor_creator, which calls create_py_executor_instance
+    types: TrtllmTypes
+    kv_manager_key: Any  # the resource_managers key of the KV cache manager
+
+
+def load_release(import_module: Callable[[str], Any] = importlib.import_module) -> Release:
+    """Import and check the installed TensorRT-LLM (``import_module`` replaces
+    ``importlib.import_module`` in tests). Raises ``TrtllmError`` naming the checked
+    range for any other release."""
+    version = str(import_module("tensorrt_llm").__version__)
+    line = release_line(version)
+    sched = import_module(SCHEDULER_MODULE)
+    check_interface(line, sched.SchedulerOutput, sched.RequestScheduler)
+    states = import_module(LLM_REQUEST_MODULE).LlmRequestState
+    resources = import_module(RESOURCE_MANAGER_MODULE)
+    key_type = getattr(resources, "ResourceManagerType", None)
+    key = key_type.KV_CACHE_MANAGER if key_type is not None else "kv_cache_manager"
+    types = TrtllmTypes(
+        sched.SchedulerOutput,
+        states.CONTEXT_INIT,
+        states.GENERATION_IN_PROGRESS,
+        states.GENERATION_COMPLETE,
+    )
+    return Release(version, line, import_module(CREATOR_MODULE), types, key)
+
+
+SchedulerFactory = Callable[[Any, Release], Any]
+"""Builds our scheduler for a new ``PyExecutor`` (the executor, the release)."""
+
+
+def install(release: Release, factory: SchedulerFactory) -> Callable[[], None]:
+    """Wrap ``create_py_executor_instance`` so that every ``PyExecutor`` it builds gets
+    ``factory(py_executor, release)`` as its scheduler; returns the undo. Also asks
+    TensorRT-LLM to run its worker in this process (the wrap reaches no other)."""
+    creator = release.creator
+    original = getattr(creator, FACTORY_NAME)
+    if getattr(original, "_in_executor_wrapped", False):
+        raise TrtllmError("the in-executor scheduler is already installed in this process")
+
+    def create_py_executor_instance(*args: Any, **kwargs: Any) -> Any:
+        py_executor = original(*args, **kwargs)
+        check_executor(py_executor)
+        py_executor.scheduler = factory(py_executor, release)
+        return py_executor
+
+    create_py_executor_instance._in_executor_wrapped = True  # type: ignore[attr-defined]
+    setattr(creator, FACTORY_NAME, create_py_executor_instance)
+    previous_env = os.environ.get(SINGLE_PROCESS_ENV)
+    os.environ[SINGLE_PROCESS_ENV] = "1"
+
+    def undo() -> None:
+        setattr(creator, FACTORY_NAME, original)
+        if previous_env is None:
+            os.environ.pop(SINGLE_PROCESS_ENV, None)
+        else:
+            os.environ[SINGLE_PROCESS_ENV] = previous_env
+
+    return undo
+
+
+def check_executor(py_executor: Any) -> None:
+    """Refuse an executor the adapter cannot schedule: more than one tensor- or
+    pipeline-parallel rank (the wrap reaches one process), or the overlap scheduler on
+    (``disable_overlap_scheduler`` false: each step's tokens reach the host an iteration
+    late, after the next schedule, and the core needs them at the next call)."""
+    dist = getattr(py_executor, "dist", None)
+    sizes = [getattr(dist, name, 1) for name in ("tp_size", "pp_size")]
+    if any(isinstance(n, int) and n > 1 for n in sizes):
+        raise TrtllmError(
+            "scheduling: in_executor runs on one tensor- and pipeline-parallel rank; set "
+            "tensor_parallel_size and pipeline_parallel_size to 1, or remove "
+            "executor.scheduling"
+        )
+    if getattr(py_executor, "disable_overlap_scheduler", True) is False:
+        raise TrtllmError(
+            "scheduling: in_executor needs TensorRT-LLM's overlap scheduler off "
+            f"({OVERLAP_OPTION}=True, which the executor passes); this executor has it on"
+        )
+
+
+def kv_cache_manager(py_executor: Any, release: Release) -> Any:
+    """The executor's KV cache manager (``resource_manager.resource_managers``, the
+    lookup ``PyExecutor``'s statistics use)."""
+    managers = py_executor.resource_manager.resource_managers
+    manager = managers.get(release.kv_manager_key)
+    if manager is None:
+        raise TrtllmError("scheduling: in_executor needs TensorRT-LLM's KV cache manager")
+    return manager

@@ -1,0 +1,188 @@
+"""Test doubles for constrained requests: a byte-level tokenizer (so a fake engine can
+write any text, JSON and tool calls included), and an engine core that keeps the
+engine side's contract for constraints:
+
+1. an executor that cannot enforce constraints makes the engine refuse a constrained
+   submission with ``AdmissionError`` naming the field (``enforces=False``);
+2. a constraint that fails to compile ends the request before any token with
+   ``finish_reason`` ERROR and ``error_code == "invalid_constraint"``
+   (``compile_error``);
+3. otherwise the output obeys the constraint: here it is a script the test chooses
+   (``script``), checked against the constraint with llguidance by the tests.
+
+``grammar_accepts`` compiles a constraint with llguidance over the same byte
+vocabulary and says whether it accepts a text: the gateway never imports llguidance,
+its tests do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from orchestrator.core import (
+    AdmissionError,
+    ConstraintKind,
+    ConstraintSpec,
+    FinishReason,
+    WallClock,
+)
+from orchestrator.core.engine import EngineCore, EngineStep
+from orchestrator.core.output import RequestOutput, SchedulerOutput, StepResult
+from orchestrator.core.request import Submission
+from tests.factories import make_scheduler
+from tests.fakes import FakeExecutor
+
+BYTE_EOS = 256
+BYTE_VOCAB = 257
+
+
+class ByteTokenizer:
+    """Token ``b < 256`` is the byte ``b``; 256 ends a sequence. Chat renders as
+    ``role: content`` lines, tools (where given) as JSON."""
+
+    eos_token_ids: tuple[int, ...] = (BYTE_EOS,)
+    vocab_size = BYTE_VOCAB
+
+    def __init__(self, renders_tools: bool = False) -> None:
+        self.renders_tools = renders_tools
+        self.rendered: list[tuple[list[dict[str, Any]], Any]] = []  # what encode_chat saw
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        self.rendered.append(([dict(m) for m in messages], tools))
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        if tools:
+            text = f"tools: {json.dumps(list(tools))}\n{text}"
+        return self.encode(text + "assistant:")
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        data = bytes(t for t in token_ids if t < 256)
+        return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if token_id < 256 else b""
+
+
+class ScriptedExecutor(FakeExecutor):
+    """Samples each request's script, byte by byte, then end-of-sequence; a request
+    without a script gets ``b"x"`` forever."""
+
+    def __init__(self) -> None:
+        super().__init__(num_blocks=512, block_size=16, step_time_s=0.001)
+        self.scripts: dict[str, bytes] = {}
+        self.prompt_len: dict[str, int] = {}
+
+    def execute(self, plan: SchedulerOutput) -> StepResult:
+        result = super().execute(plan)
+        sampled = {}
+        for s in plan.scheduled:
+            if not s.sample:
+                continue
+            script = self.scripts.get(s.request_id)
+            if script is None:
+                sampled[s.request_id] = ord("x")
+                continue
+            position = s.context_len - self.prompt_len[s.request_id]
+            sampled[s.request_id] = script[position] if position < len(script) else BYTE_EOS
+        return StepResult(sampled, result.duration_s)
+
+
+Script = Callable[[Submission], str | None]
+
+
+class ConstrainedCore(EngineCore):
+    """An ``EngineCore`` over ``ScriptedExecutor`` keeping the constraint contract
+    (module docstring). ``script(submission)`` is the text a request writes;
+    ``compile_error(spec)`` is the engine's message for a spec that fails to compile,
+    or ``None``. ``submissions`` records what the gateway submitted."""
+
+    def __init__(
+        self,
+        script: Script = lambda s: None,
+        compile_error: Callable[[ConstraintSpec], str | None] = lambda spec: None,
+        enforces: bool = True,
+    ) -> None:
+        self.executor_fake = ScriptedExecutor()
+        scheduler = make_scheduler(num_blocks=512, block_size=16, max_model_len=4096)
+        super().__init__(scheduler, self.executor_fake, WallClock())
+        self._script = script
+        self._compile_error = compile_error
+        self._enforces = enforces
+        self._failed: list[RequestOutput] = []
+        self.submissions: list[Submission] = []
+
+    def add_request(self, submission: Submission) -> float | None:
+        spec = submission.constraint
+        if spec is not None and not self._enforces:
+            raise AdmissionError(
+                f"{spec.source}: this executor cannot enforce output constraints",
+                param=spec.source,
+            )
+        self.submissions.append(submission)
+        if spec is not None and (error := self._compile_error(spec)) is not None:
+            self._failed.append(
+                RequestOutput(
+                    submission.request_id,
+                    (),
+                    (),
+                    True,
+                    FinishReason.ERROR,
+                    len(submission.prompt_token_ids),
+                    0,
+                    error=error,
+                    error_code="invalid_constraint",
+                )
+            )
+            return None
+        text = self._script(submission)
+        if text is not None:
+            self.executor_fake.scripts[submission.request_id] = text.encode()
+        self.executor_fake.prompt_len[submission.request_id] = len(submission.prompt_token_ids)
+        return super().add_request(submission)
+
+    def has_work(self) -> bool:
+        return bool(self._failed) or super().has_work()
+
+    def step(self) -> EngineStep:
+        failed, self._failed = self._failed, []
+        step = super().step()
+        return dataclasses.replace(step, outputs=[*failed, *step.outputs]) if failed else step
+
+
+def grammar_accepts(spec: ConstraintSpec, text: str) -> bool:
+    """Whether llguidance, compiling ``spec`` as an executor would, accepts ``text``
+    as a complete output (over the byte vocabulary of ``ByteTokenizer``)."""
+    import llguidance
+    from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+
+    class _Bytes:
+        eos_token_id = BYTE_EOS
+        bos_token_id = None
+        tokens: ClassVar[list[bytes]] = [bytes([i]) for i in range(256)] + [b"<eos>"]
+        special_token_ids: ClassVar[list[int]] = [BYTE_EOS]
+
+        def __call__(self, data: bytes) -> list[int]:
+            return list(data)
+
+    kinds = {
+        ConstraintKind.JSON_SCHEMA: ("json_schema", spec.value),
+        ConstraintKind.JSON_OBJECT: ("json_schema", '{"type": "object"}'),
+        ConstraintKind.REGEX: ("regex", spec.value),
+        ConstraintKind.GRAMMAR: ("lark", spec.value),
+    }
+    if spec.kind is ConstraintKind.CHOICE:
+        return text in json.loads(spec.value)
+    kind, value = kinds[spec.kind]
+    grammar = llguidance.grammar_from(kind, value)  # type: ignore[arg-type]
+    problem = LLMatcher.validate_grammar(grammar)
+    assert not problem, f"{spec.source}: the grammar does not compile: {problem}"
+    matcher = LLMatcher(LLTokenizer(TokenizerWrapper(_Bytes())), grammar, log_level=0)
+    matcher.consume_tokens(list(text.encode()))
+    return not matcher.is_error() and matcher.is_accepting()

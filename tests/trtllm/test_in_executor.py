@@ -1,0 +1,602 @@
+"""The in-executor scheduler on the fake PyExecutor loop (tests/trtllm/fake_pyexecutor.py):
+the same decisions as EngineCore on the sim executor, the core's scheduling behaviours
+inside the loop, KV agreement with TensorRT-LLM's allocation rule, pause and resume by
+recompute, two tensor-parallel ranks, per-request facts, and the version gate."""
+
+from __future__ import annotations
+
+import os
+import re
+import types as pytypes
+from typing import Any
+
+import pytest
+
+from orchestrator.core.clock import VirtualClock
+from orchestrator.core.config import SchedulerConfig
+from plugins.trtllm.errors import TrtllmError
+from plugins.trtllm.in_executor import install as inst
+from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, our_priority
+from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.ranks import DistLink
+from plugins.trtllm.in_executor.refusals import RefusalChannel
+from plugins.trtllm.llm_api.translate import llm_priority
+from tests.trtllm.fake_pyexecutor import (
+    OUTPUT_TYPES,
+    FakeDist,
+    FakeKvCacheManager,
+    FakeLlmRequest,
+    FakePyExecutor,
+    LlmRequestState,
+    position_sampler,
+)
+from tests.trtllm.in_executor_harness import (
+    describe,
+    loop_engine,
+    run_engine_core,
+    run_in_executor,
+    seeded_workload,
+    types,
+)
+
+BS = 16
+
+
+def make_loop(
+    num_blocks: int = 64, facts: FactsChannel | None = None, line: str = "1.3", **config: Any
+) -> tuple[FakePyExecutor, CoreRequestScheduler, VirtualClock]:
+    trt_kv = FakeKvCacheManager(num_blocks, BS)
+    clock = VirtualClock()
+    adapter = CoreRequestScheduler(
+        loop_engine(SchedulerConfig(**config), num_blocks, clock),
+        types(line),
+        KvSource(trt_kv),
+        facts=facts,
+        record=True,
+    )
+
+    def tick(out: Any) -> None:
+        clock.advance_to(clock.now() + 0.01)
+
+    def allocated() -> None:
+        assert adapter.scheduler.kv.num_free_blocks == trt_kv.num_free
+
+    loop = FakePyExecutor(
+        adapter, trt_kv, position_sampler(1000), on_iteration=tick, on_allocated=allocated
+    )
+    return loop, adapter, clock
+
+
+def submit(
+    loop: FakePyExecutor, facts: FactsChannel, rid: int, prompt_len: int, max_tokens: int, **kw: Any
+) -> None:
+    with facts.submitting() as staged:
+        loop.submit(
+            FakeLlmRequest(rid, [(5 * i + rid) % 997 + 1 for i in range(prompt_len)], max_tokens)
+        )
+        staged[rid] = RequestFacts(**kw)
+
+
+def run(loop: FakePyExecutor, max_iterations: int = 2000) -> list[Any]:
+    outs = []
+    while loop.has_work():
+        outs.append(loop.iterate())
+        assert len(outs) <= max_iterations, "loop did not drain"
+    return outs
+
+
+# ---------------------------------------------------------------- the done-when comparison
+
+
+@pytest.mark.parametrize(
+    ("seed", "config", "num_blocks"),
+    [
+        (1, {"policy": "priority", "max_num_tokens": 256, "chunk_size": 128}, 40),
+        (2, {"policy": "fcfs", "max_num_tokens": 192, "chunk_size": 64, "max_batch_size": 6}, 26),
+        (
+            3,
+            {"policy": "priority", "max_num_tokens": 160, "chunk_size": 96, "aging_rate": 20.0},
+            26,
+        ),
+    ],
+)
+def test_same_decisions_as_engine_core_on_the_sim_executor(
+    seed: int, config: dict[str, Any], num_blocks: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jobs = seeded_workload(seed)
+    cfg = SchedulerConfig(**config)
+    expected = run_engine_core(jobs, cfg, num_blocks)
+    got = run_in_executor(jobs, cfg, num_blocks)
+    with capsys.disabled():
+        print(f"\nseed {seed}, {config}, {num_blocks} KV blocks: {len(got.records)} iterations")
+        for i, record in enumerate(got.records[:12]):
+            print(f"  {i:3d} {describe(record)}")
+    assert got.records == expected
+    # The workload exercised what it is meant to: chunks, preemption, every request done.
+    assert any(n > 1 and start > 0 for r in got.records for _, start, n, _ in r[0])
+    assert any(r[1] for r in got.records), "no preemption: make the KV pool smaller"
+    assert sorted(got.loop.finished) == [j.request_id for j in jobs]
+    for job in jobs:
+        req = got.loop.finished[job.request_id]
+        assert len(req.tokens) == len(job.prompt) + job.max_tokens
+    assert got.kv_agreed, "the core's free blocks differed from TensorRT-LLM's"
+
+
+def test_both_scheduler_output_shapes_carry_the_same_decisions() -> None:
+    jobs = seeded_workload(4, n=10)
+    cfg = SchedulerConfig(max_num_tokens=128, chunk_size=64)
+    old = run_in_executor(jobs, cfg, 24, line="1.2")
+    new = run_in_executor(jobs, cfg, 24, line="1.3")
+    assert old.records == new.records
+    assert old.adapter.history == new.adapter.history
+
+
+# ---------------------------------------------------------------- core behaviours in the loop
+
+
+def test_chunked_prefill_stays_under_the_token_budget_with_decodes_first() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(facts=facts, max_num_tokens=64, chunk_size=48)
+    submit(loop, facts, 1, 8, 20)
+    loop.iterate()  # request 1 prefilled whole
+    submit(loop, facts, 2, 200, 2)
+    run(loop)
+    for d in adapter.history:  # the chunk sizes set on the LlmRequests, per iteration
+        assert sum(n for _, n in d.context) + len(d.generation) <= 64
+    chunks = [n for d in adapter.history for rid, n in d.context if rid == 2]
+    assert len(chunks) >= 4 and max(chunks) <= 48
+    both = [d for d in adapter.history if 1 in d.generation and any(r == 2 for r, _ in d.context)]
+    assert both, "request 1 kept decoding while request 2 prefilled"
+    assert sum(chunks) == 200
+    assert len(loop.finished[2].tokens) == 202
+
+
+def test_priority_overtakes_inside_the_loop() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(facts=facts, policy="priority", max_batch_size=1)
+    submit(loop, facts, 1, 8, 3, priority=0)
+    loop.iterate()
+    submit(loop, facts, 2, 8, 3, priority=5)
+    submit(loop, facts, 3, 8, 3, priority=1)
+    run(loop)
+    first_scheduled = []
+    for decision in adapter.history:
+        for rid, _ in decision.context:
+            if rid not in first_scheduled:
+                first_scheduled.append(rid)
+    assert first_scheduled == [1, 3, 2]
+
+
+def test_kv_pressure_pauses_in_tensorrt_llm_and_the_request_resumes_by_recompute() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(num_blocks=6, facts=facts, policy="priority")
+    submit(loop, facts, 1, 30, 40, priority=2)  # 2 blocks, grows to 5
+    submit(loop, facts, 2, 30, 40, priority=0)
+    outs = run(loop)
+    paused = [r.py_request_id for out in outs for r in out.paused_requests]
+    assert paused and set(paused) == {1}, "the worse priority yields its blocks"
+    victim = loop.finished[1]
+    # Paused, it came back as a context request over prompt + output, then finished.
+    assert victim.prompt_len > 30
+    assert len(victim.tokens) == 30 + 40 and len(loop.finished[2].tokens) == 70
+    assert adapter.scheduler.num_preemptions == len(paused)
+
+
+def test_aging_bounds_a_low_priority_wait_inside_the_loop() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(facts=facts, policy="priority", aging_rate=50.0, max_batch_size=1)
+    submit(loop, facts, 100, 8, 2, priority=3)
+    for i in range(40):
+        submit(loop, facts, i + 1, 8, 2, priority=0)
+        loop.iterate()
+    started = [rid for d in adapter.history for rid, _ in d.context]
+    assert 100 in started, "aging let the low-priority request in under a steady high stream"
+    assert started.index(100) < 30
+
+
+def test_a_request_cancelled_in_tensorrt_llm_leaves_the_core() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(facts=facts)
+    submit(loop, facts, 1, 40, 30)
+    submit(loop, facts, 2, 8, 3)
+    loop.iterate()
+    loop.iterate()
+    loop.cancel(1)
+    run(loop)
+    loop.iterate()  # the idle iteration after the last: the core learns of the end
+    assert not adapter.scheduler.requests
+    assert adapter.scheduler.kv.num_free_blocks == 64
+    assert len(loop.finished[2].tokens) == 11
+
+
+def refusing_loop(
+    num_blocks: int = 16,
+) -> tuple[FakePyExecutor, CoreRequestScheduler, FactsChannel, list[tuple[int, str]]]:
+    """A loop whose adapter reports refusals; the listener plays the submitting side
+    (llm_api.backend): it records the refusal and aborts the request in TensorRT-LLM."""
+    facts, refusals = FactsChannel(), RefusalChannel()
+    trt_kv = FakeKvCacheManager(num_blocks, BS)
+    adapter = CoreRequestScheduler(
+        loop_engine(SchedulerConfig(), num_blocks, VirtualClock()),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+        refusals=refusals,
+        record=True,
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000))
+    heard: list[tuple[int, str]] = []
+
+    def front(request_id: int, reason: str) -> None:
+        heard.append((request_id, reason))
+        loop.cancel(request_id)  # RequestOutput.abort() -> PyExecutor.cancel_request
+
+    refusals.listen(front)
+    return loop, adapter, facts, heard
+
+
+def test_a_refused_request_ends_with_its_error_and_the_others_carry_on() -> None:
+    runs = []
+    for with_bad in (False, True):
+        loop, adapter, facts, heard = refusing_loop()
+        submit(loop, facts, 1, 40, 30)
+        if with_bad:
+            # 20 + 300 tokens need 20 blocks of 16; the pool holds 16: the core refuses it.
+            submit(loop, facts, 2, 20, 300)
+        submit(loop, facts, 3, 24, 12)
+        run(loop)
+        loop.iterate()  # the idle iteration after the last: the core learns of the end
+        runs.append((loop, adapter, heard))
+    (clean, clean_adapter, _), (loop, adapter, heard) = runs
+    assert [rid for rid, _ in heard] == [2]
+    assert re.search(
+        r"refused the request: .*needs 20 KV blocks; the KV pool holds 16", heard[0][1]
+    )
+    bad = loop.finished[2]
+    assert bad.state == LlmRequestState.GENERATION_COMPLETE and bad.num_generated == 0
+    scheduled = {r for d in adapter.history for r, _ in d.context} | {
+        r for d in adapter.history for r in d.generation
+    }
+    assert scheduled == {1, 3}, "the refused request was never scheduled"
+    assert not adapter.refused, "forgotten once TensorRT-LLM dropped it"
+    assert not adapter.scheduler.requests and adapter.scheduler.kv.num_free_blocks == 16
+    assert loop.kv.num_free == 16
+    for rid in (1, 3):
+        assert loop.finished[rid].tokens == clean.finished[rid].tokens
+    assert adapter.history == clean_adapter.history, "the others' schedule is unchanged"
+
+
+def test_a_refusal_nobody_hears_leaves_the_request_unscheduled_and_the_loop_running() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(num_blocks=16, facts=facts)  # no refusal channel
+    submit(loop, facts, 2, 20, 300)
+    submit(loop, facts, 3, 24, 12)
+    for _ in range(20):
+        loop.iterate()
+    assert 3 in loop.finished and len(loop.finished[3].tokens) == 36
+    assert list(adapter.refused) == [2]
+    assert re.search(r"needs 20 KV blocks; the KV pool holds 16", adapter.refused[2])
+    assert [r.py_request_id for r in loop.active_requests] == [2]
+    assert loop.kv.num_free == 16, "a refused request holds no KV"
+
+
+def test_the_refusal_channel_reports_whether_it_was_heard_and_never_raises() -> None:
+    channel = RefusalChannel()
+    assert channel.refuse(4, "no") is False, "nobody listens yet"
+    heard: list[tuple[int, str]] = []
+    channel.listen(lambda rid, why: heard.append((rid, why)))
+    assert channel.refuse(5, "too long") is True and heard == [(5, "too long")]
+
+    def closed(rid: int, why: str) -> None:
+        raise RuntimeError("Event loop is closed")
+
+    channel.listen(closed)
+    assert channel.refuse(6, "x") is False  # logged; TensorRT-LLM's loop carries on
+
+
+# ---------------------------------------------------------------- tensor parallel
+
+
+def test_two_ranks_follow_rank_zero() -> None:
+    dist = FakeDist()
+    loops, adapters = [], []
+    for rank in (0, 1):
+        trt_kv = FakeKvCacheManager(12, BS)
+        clock = VirtualClock()
+        adapter = CoreRequestScheduler(
+            loop_engine(
+                SchedulerConfig(policy="priority", max_num_tokens=96, chunk_size=48), 12, clock
+            ),
+            types(),
+            KvSource(trt_kv),
+            link=DistLink(dist, rank),
+            record=rank == 0,
+        )
+        adapters.append(adapter)
+        loops.append(FakePyExecutor(adapter, trt_kv, position_sampler(1000)))
+    for rid, (n, out, prio) in enumerate([(60, 30, 1), (100, 20, 0), (20, 50, 2)], start=1):
+        for loop in loops:
+            req = FakeLlmRequest(rid, list(range(1, n + 1)), out)
+            req.priority = llm_priority(prio)  # type: ignore[attr-defined]
+            loop.submit(req)
+    steps = 0
+    while loops[0].has_work():
+        outs = [loop.iterate() for loop in loops]  # rank 0 first, as the broadcast needs
+        ids = [
+            (
+                [(r.py_request_id, r.context_chunk_size) for r in o.context_requests],
+                [r.py_request_id for r in o.generation_requests],
+                [r.py_request_id for r in o.paused_requests],
+            )
+            for o in outs
+        ]
+        assert ids[0] == ids[1]
+        assert loops[0].kv.blocks == loops[1].kv.blocks
+        steps += 1
+        assert steps < 1000
+    assert not loops[1].has_work()
+    assert {r: q.tokens for r, q in loops[0].finished.items()} == {
+        r: q.tokens for r, q in loops[1].finished.items()
+    }
+    assert not adapters[1].scheduler.requests, "a follower runs no core of its own"
+    assert any(d.paused for d in adapters[0].history)
+
+
+# ---------------------------------------------------------------- facts and priorities
+
+
+def test_facts_reach_the_core_and_the_release_priority_is_the_fallback() -> None:
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(
+        facts=facts,
+        slo_classes={"chat": {"ttft_ms": 500, "tpot_ms": 80}},
+    )
+    submit(loop, facts, 1, 8, 4, priority=2, slo_class="chat", tenant="acme", arrival_time=0.0)
+    req = FakeLlmRequest(2, list(range(1, 9)), 4)
+    req.priority = llm_priority(-3)  # type: ignore[attr-defined]
+    loop.submit(req)
+    loop.iterate()
+    core = adapter.scheduler.requests
+    assert (core["1"].priority, core["1"].slo_class, core["1"].tenant) == (2, "chat", "acme")
+    assert core["2"].priority == -3 and core["2"].slo_class is None
+    assert len(facts) == 0
+    assert [our_priority(llm_priority(p)) for p in (-7, 0, 4)] == [-7, 0, 4]
+
+
+def test_facts_are_not_read_while_a_submission_holds_the_channel() -> None:
+    import threading
+
+    facts = FactsChannel()
+    seen: list[RequestFacts | None] = []
+    with facts.submitting() as staged:
+        reader = threading.Thread(target=lambda: seen.append(facts.take(7)))
+        reader.start()
+        reader.join(0.05)
+        assert reader.is_alive(), "take waited for the submission"
+        staged[7] = RequestFacts(priority=1)
+    reader.join(5)
+    assert seen == [RequestFacts(priority=1)]
+
+
+# ---------------------------------------------------------------- version gate and install
+
+
+@pytest.mark.parametrize("version", ["1.2.1", "1.2.0", "1.3.0rc5", "1.3.0rc27", "1.3.1"])
+def test_checked_releases_pass_the_gate(version: str) -> None:
+    assert inst.release_line(version) in ("1.2", "1.3")
+
+
+@pytest.mark.parametrize("version", ["1.4.0rc4", "1.1.0", "0.21.0", "dev"])
+def test_other_releases_are_refused_naming_the_checked_range(version: str) -> None:
+    with pytest.raises(TrtllmError, match=r"1\.2\.x and 1\.3\.x") as err:
+        inst.release_line(version)
+    assert version in str(err.value) and "executor.scheduling" in str(err.value)
+
+
+def test_an_interface_other_than_the_one_read_is_refused() -> None:
+    inst.check_interface(
+        "1.2", OUTPUT_TYPES["1.2"], pytypes.SimpleNamespace(schedule_request=print)
+    )
+    with pytest.raises(TrtllmError, match="SchedulerOutput has fields"):
+        inst.check_interface(
+            "1.2", OUTPUT_TYPES["1.3"], pytypes.SimpleNamespace(schedule_request=print)
+        )
+    with pytest.raises(TrtllmError, match="schedule_request is missing"):
+        inst.check_interface("1.3", OUTPUT_TYPES["1.3"], object())
+
+
+def fake_release_modules(version: str) -> dict[str, Any]:
+    """Module stand-ins with the names load_release reads, shaped as the sources."""
+
+    class PyExecutor:
+        def __init__(self) -> None:
+            self.scheduler: Any = "SimpleScheduler"
+            self.dist = pytypes.SimpleNamespace(tp_size=1, pp_size=1)
+            self.disable_overlap_scheduler = True
+            kv = FakeKvCacheManager(8, BS)
+            self.resource_manager = pytypes.SimpleNamespace(resource_managers={"KV": kv})
+
+    creator = pytypes.SimpleNamespace(create_py_executor_instance=lambda *a, **k: PyExecutor())
+    return {
+        "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
+        inst.SCHEDULER_MODULE: pytypes.SimpleNamespace(
+            SchedulerOutput=OUTPUT_TYPES["1.2" if version.startswith("1.2") else "1.3"],
+            RequestScheduler=pytypes.SimpleNamespace(schedule_request=print),
+        ),
+        inst.LLM_REQUEST_MODULE: pytypes.SimpleNamespace(LlmRequestState=LlmRequestState),
+        inst.RESOURCE_MANAGER_MODULE: pytypes.SimpleNamespace(
+            ResourceManagerType=pytypes.SimpleNamespace(KV_CACHE_MANAGER="KV")
+        ),
+        inst.CREATOR_MODULE: creator,
+    }
+
+
+def test_install_puts_our_scheduler_on_every_executor_built_and_undo_restores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(inst.SINGLE_PROCESS_ENV, raising=False)
+    modules = fake_release_modules("1.3.0rc27")
+    release = inst.load_release(modules.__getitem__)
+    assert release.line == "1.3" and release.types.context_init is LlmRequestState.CONTEXT_INIT
+
+    def factory(py_executor: Any, rel: Any) -> Any:
+        kv = inst.kv_cache_manager(py_executor, rel)
+        return CoreRequestScheduler(
+            loop_engine(SchedulerConfig(), kv.num_blocks, VirtualClock()), rel.types, KvSource(kv)
+        )
+
+    undo = inst.install(release, factory)
+    assert os.environ[inst.SINGLE_PROCESS_ENV] == "1"
+    built = modules[inst.CREATOR_MODULE].create_py_executor_instance()
+    assert isinstance(built.scheduler, CoreRequestScheduler)
+    with pytest.raises(TrtllmError, match="already installed"):
+        inst.install(release, factory)
+    undo()
+    assert modules[inst.CREATOR_MODULE].create_py_executor_instance().scheduler == "SimpleScheduler"
+    assert inst.SINGLE_PROCESS_ENV not in os.environ
+
+
+def test_load_release_refuses_an_unchecked_release_before_touching_anything() -> None:
+    modules = fake_release_modules("1.4.0rc4")
+    with pytest.raises(TrtllmError, match=r"checked against TensorRT-LLM 1\.2\.x and 1\.3\.x"):
+        inst.load_release(modules.__getitem__)
+
+
+@pytest.mark.parametrize(
+    ("dist", "overlap_off", "match"),
+    [
+        ({"tp_size": 2, "pp_size": 1}, True, "one tensor- and pipeline-parallel rank"),
+        ({"tp_size": 1, "pp_size": 2}, True, "one tensor- and pipeline-parallel rank"),
+        ({"tp_size": 1, "pp_size": 1}, False, "overlap scheduler off"),
+    ],
+)
+def test_an_executor_the_adapter_cannot_schedule_is_refused_at_start(
+    dist: dict[str, int], overlap_off: bool, match: str
+) -> None:
+    py_executor = pytypes.SimpleNamespace(
+        dist=pytypes.SimpleNamespace(**dist), disable_overlap_scheduler=overlap_off
+    )
+    with pytest.raises(TrtllmError, match=match):
+        inst.check_executor(py_executor)
+
+
+# ---------------------------------------------------------------- check_names, in-executor mode
+
+
+def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
+    """Stand-ins for the private modules with the names check_names looks for."""
+    from plugins.trtllm import names
+
+    class RequestScheduler:
+        def schedule_request(self) -> None: ...
+
+        def can_schedule(self) -> None: ...
+
+    class LlmRequest:
+        state = get_tokens = get_num_tokens = max_new_tokens = None
+        context_current_position = context_chunk_size = None
+
+    class PyExecutor:
+        def _schedule(self) -> None: ...
+
+        def _pause_requests(self) -> None: ...
+
+    class KVCacheManager:
+        def get_kv_cache_stats(self) -> None: ...
+
+    class TorchLlmArgs:
+        disable_overlap_scheduler = False
+
+    modules: dict[str, Any] = {
+        "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
+        names.IN_EXECUTOR_SCHEDULER_MODULE: pytypes.SimpleNamespace(
+            SchedulerOutput=OUTPUT_TYPES["1.2"], RequestScheduler=RequestScheduler
+        ),
+        names.IN_EXECUTOR_LLM_REQUEST_MODULE: pytypes.SimpleNamespace(
+            LlmRequestState=LlmRequestState, LlmRequest=LlmRequest
+        ),
+        names.IN_EXECUTOR_CREATOR_MODULE: pytypes.SimpleNamespace(
+            create_py_executor_instance=print
+        ),
+        names.IN_EXECUTOR_PY_EXECUTOR_MODULE: pytypes.SimpleNamespace(PyExecutor=PyExecutor),
+        names.IN_EXECUTOR_RESOURCE_MANAGER_MODULE: pytypes.SimpleNamespace(
+            KVCacheManager=KVCacheManager
+        ),
+        names.LLM_API_MODULE: pytypes.SimpleNamespace(TorchLlmArgs=TorchLlmArgs),
+    }
+    modules.update(replaced)
+    return modules
+
+
+def check(modules: dict[str, Any]) -> tuple[int, str]:
+    import io
+
+    from plugins.trtllm import check_names
+
+    def import_module(name: str) -> Any:
+        if modules.get(name) is None:
+            raise ImportError(f"No module named {name!r}")
+        return modules[name]
+
+    out = io.StringIO()
+    status = check_names.main(["--mode", "in-executor"], import_module=import_module, out=out)
+    return status, out.getvalue()
+
+
+def test_check_names_in_executor_mode_passes_on_the_names_read() -> None:
+    from plugins.trtllm.names import IN_EXECUTOR_NAMES
+
+    status, text = check(private_modules("1.2.1"))
+    assert status == 0, text
+    expected = 1 + sum(len(e.names) + (1 if e.owner else 0) for e in IN_EXECUTOR_NAMES) + 1
+    assert sum(line.startswith("OK ") for line in text.splitlines()) == expected
+    assert "py_request_id, py_client_id" in text
+
+
+def test_check_names_in_executor_mode_reports_an_unchecked_release_and_a_missing_name() -> None:
+    from plugins.trtllm import names
+
+    status, text = check(private_modules("1.4.0rc4"))
+    assert status == 1 and "1.2.x and 1.3.x" in text
+    modules = private_modules("1.3.0rc27")  # a 1.3 release with the 1.2 tuple: refused
+    status, text = check(modules)
+    assert status == 1 and "SchedulerOutput has fields" in text
+    modules = private_modules(
+        "1.2.1",
+        **{names.IN_EXECUTOR_CREATOR_MODULE: pytypes.SimpleNamespace()},
+    )
+    status, text = check(modules)
+    assert status == 1 and "has no create_py_executor_instance" in text
+
+
+def test_the_slo_budget_shrinks_chunks_inside_the_loop() -> None:
+    """With a request of a 30 ms TPOT class running and steps known to cost 10 ms plus
+    0.1 ms per token, a prefill beside it gets at most the tokens that keep the step
+    within 30 ms (about 200), not the 1024 the token budget allows."""
+    from orchestrator.core.predictor import ModelStepTimePredictor
+
+    trt_kv = FakeKvCacheManager(256, BS)
+    clock = VirtualClock()
+    config = SchedulerConfig(
+        max_num_tokens=1024,
+        chunk_size=1024,
+        slo_classes={"chat": {"ttft_ms": 5000, "tpot_ms": 30}},
+        slo_budget={"enabled": True},
+    )
+    predictor = ModelStepTimePredictor(lambda f: 0.010 + 0.0001 * f.num_tokens)
+    facts = FactsChannel()
+    adapter = CoreRequestScheduler(
+        loop_engine(config, 256, clock, predictor),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+        record=True,
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000))
+    submit(loop, facts, 1, 8, 30, slo_class="chat", arrival_time=0.0)
+    loop.iterate()
+    submit(loop, facts, 2, 1000, 2, slo_class="chat", arrival_time=0.0)
+    run(loop)
+    chunks = [n for d in adapter.history for rid, n in d.context if rid == 2]
+    assert sum(chunks) == 1000 and len(chunks) >= 4
+    assert max(chunks) <= 200, chunks

@@ -1,0 +1,290 @@
+"""The LLM-API executor with ``scheduling: in_executor``, through the fake LLM API: the
+option, the start-up gate, the installation before the LLM is built, the LLM options it
+adds, the facts each submission registers, and switching back."""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.core import ConfigError, EngineConfig
+from orchestrator.core.request import SamplingParams
+from plugins.trtllm import TrtllmError
+from plugins.trtllm.in_executor import install as inst
+from plugins.trtllm.in_executor.facts import RequestFacts
+from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
+from plugins.trtllm.llm_api.executor import TrtllmLlmApiExecutor
+from tests.trtllm import fake_llmapi
+from tests.trtllm.builds import FakeBuild, write_build
+from tests.trtllm.conftest import LlmCalls, spy_llmapi
+from tests.trtllm.fake_pyexecutor import FakeLlmRequest
+from tests.trtllm.plans import Seq, greedy_tokens, prompt_of, step
+from tests.trtllm.test_in_executor import fake_release_modules
+
+
+def engine_config(root: Path, **executor: Any) -> EngineConfig:
+    return EngineConfig.model_validate(
+        {
+            "model": {"max_model_len": 512},
+            "scheduler": {"max_batch_size": 8, "max_num_tokens": 256, "policy": "priority"},
+            "cache": {"block_size": 16},
+            "executor": {"type": "trtllm-llmapi", "build_dir": str(root), **executor},
+        }
+    )
+
+
+def overlap_llmapi(calls: LlmCalls, creator: Any) -> types.SimpleNamespace:
+    """The spy LLM API, whose LLM also takes ``disable_overlap_scheduler`` (a TorchLlmArgs
+    field the fake leaves out) and checks that our factory is installed by then."""
+    base = spy_llmapi(calls).LLM
+
+    class LLM(base):  # type: ignore[misc, valid-type]
+        def __init__(self, model: Any, *, disable_overlap_scheduler: bool, **kwargs: Any) -> None:
+            built = creator.create_py_executor_instance()  # what the worker would do
+            calls.options.append({"wrapped_scheduler": built.scheduler})
+            calls.options.append({"disable_overlap_scheduler": disable_overlap_scheduler})
+            super().__init__(model, **kwargs)
+
+    names = {n: getattr(fake_llmapi, n) for n in fake_llmapi.__all__}
+    names["LLM"] = LLM
+    return types.SimpleNamespace(**names)
+
+
+def start(
+    tmp_path: Path,
+    version: str,
+    calls: LlmCalls,
+    monkeypatch: pytest.MonkeyPatch,
+    build: FakeBuild | None = None,
+    **options: Any,
+) -> Any:
+    root = write_build(tmp_path / "pytorch", build or FakeBuild(backend="pytorch"))
+    engine = engine_config(root, scheduling="in_executor", **options)
+    modules = fake_release_modules(version)
+    monkeypatch.setattr(TrtllmLlmApiExecutor, "import_module", staticmethod(modules.__getitem__))
+    monkeypatch.delenv(inst.SINGLE_PROCESS_ENV, raising=False)
+    llmapi = overlap_llmapi(calls, modules[inst.CREATOR_MODULE])
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    return TrtllmLlmApiExecutor.from_config(options, engine, module=llmapi), modules
+
+
+def test_the_option_defaults_to_front_and_refuses_other_values() -> None:
+    assert TrtllmLlmApiConfig(model="m").scheduling == "front"
+    with pytest.raises(ValueError, match="in_executor"):
+        TrtllmLlmApiConfig(model="m", scheduling="inside")  # type: ignore[arg-type]
+
+
+def test_an_unchecked_release_is_refused_at_start_naming_the_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = LlmCalls()
+    with pytest.raises(TrtllmError, match=r"checked against TensorRT-LLM 1\.2\.x and 1\.3\.x"):
+        start(tmp_path, "1.4.0rc4", calls, monkeypatch)
+    assert calls.options == [], "no LLM was built"
+
+
+def test_without_tensorrt_llm_the_mode_says_what_it_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch"))
+    engine = engine_config(root, scheduling="in_executor")
+
+    def missing(name: str) -> Any:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(TrtllmLlmApiExecutor, "import_module", staticmethod(missing))
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    with pytest.raises(TrtllmError, match=r"needs TensorRT-LLM 1\.2\.x and 1\.3\.x"):
+        TrtllmLlmApiExecutor.from_config(options, engine, module=spy_llmapi(LlmCalls()))
+
+
+def test_a_checked_release_gets_our_scheduler_before_the_llm_and_facts_per_submission(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plugins.trtllm.in_executor.adapter import CoreRequestScheduler
+
+    calls = LlmCalls()
+    executor, modules = start(tmp_path, "1.2.1", calls, monkeypatch)
+    try:
+        wrapped, overlap = calls.options[0], calls.options[1]
+        assert isinstance(wrapped["wrapped_scheduler"], CoreRequestScheduler)
+        assert overlap == {"disable_overlap_scheduler": True}
+        kv = calls.options[2]["kv_cache_config"]
+        assert kv.enable_block_reuse is False  # reuse would move TensorRT-LLM's position
+        sampling = SamplingParams(max_tokens=3, temperature=0)
+        seq = Seq("a", prompt_of(5, 1), blocks=[0], sampling=sampling)
+        step(executor, [seq])
+        output = calls.submitted[-1][2]
+        mode = executor._owned[0]
+        facts = mode.facts.take(output.request_id)
+        assert facts == RequestFacts(priority=0, slo_class=None, tenant=None, arrival_time=0.0)
+    finally:
+        executor.shutdown()
+    creator = modules[inst.CREATOR_MODULE]
+    assert creator.create_py_executor_instance().scheduler == "SimpleScheduler"  # undone
+
+
+def test_more_than_one_gpu_rank_is_refused_with_the_way_back(tmp_path: Path) -> None:
+    root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch", tp=2))
+    engine = engine_config(root, scheduling="in_executor")
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    with pytest.raises(ConfigError, match=r"one GPU rank.*Remove executor\.scheduling"):
+        TrtllmLlmApiExecutor.resolve(options, engine)
+    front = options.model_copy(update={"scheduling": "front"})
+    assert TrtllmLlmApiExecutor.resolve(front, engine).in_executor is None
+
+
+def test_a_plans_facts_reach_the_channel_under_the_llms_request_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+
+    calls = LlmCalls()
+    executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch)
+    try:
+        sampling = SamplingParams(max_tokens=2, temperature=0)
+        planned = ScheduledRequest(
+            "r", prompt_of(4, 3), 0, [0], True, sampling, 2, "chat", "acme", 4.5
+        )
+        executor.execute(SchedulerOutput([planned]))
+        output = calls.submitted[-1][2]
+        facts = executor._owned[0].facts.take(output.request_id)
+        assert facts == RequestFacts(priority=2, slo_class="chat", tenant="acme", arrival_time=4.5)
+    finally:
+        executor.shutdown()
+
+
+class Worker:
+    """TensorRT-LLM's executor thread as far as our scheduler sees it: each request the
+    LLM takes is fetched into ``active_requests`` (a ``FakeLlmRequest`` whose
+    ``py_client_id`` is the ``RequestOutput``'s id) and the installed scheduler is asked
+    for a schedule, on a thread of its own, as the real loop does after
+    ``generate_async`` returned."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.active: list[Any] = []
+        self._fetched: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def fetch(self, inputs: list[int], params: Any, output: Any) -> None:
+        req = FakeLlmRequest(int(output.request_id), list(inputs), params.max_tokens)
+        self._fetched.put(req)
+
+    def stop(self) -> None:
+        self._fetched.put(None)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while (req := self._fetched.get()) is not None:
+            self.active.append(req)
+            self.scheduler.schedule_request(self.active, set())
+
+
+def refusing_executor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: LlmCalls
+) -> tuple[Any, Worker]:
+    """An in-executor executor on the fake LLM API whose installed scheduler (KV pool of
+    8 blocks of 16, so it refuses what needs more) sees every submission via ``Worker``.
+    Iterations of 20 ms: a refused request would take seconds to end by itself."""
+    build = FakeBuild(backend="pytorch", iteration_ms=20.0)
+    executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch, build, step_timeout_s=10)
+    worker = Worker(calls.options[0]["wrapped_scheduler"])
+    llm = executor._backend._llm
+    generate = llm.generate_async
+
+    def generate_async(inputs: list[int], sampling_params: Any = None, **kw: Any) -> Any:
+        output = generate(inputs, sampling_params, **kw)
+        worker.fetch(inputs, sampling_params, output)
+        return output
+
+    monkeypatch.setattr(llm, "generate_async", generate_async)
+    return executor, worker
+
+
+def wait_finished(output: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not output.finished and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_request_refused_inside_the_loop_fails_at_the_front_and_is_aborted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core.output import SchedulerOutput
+
+    calls = LlmCalls()
+    executor, worker = refusing_executor(tmp_path, monkeypatch, calls)
+    try:
+        good = Seq(
+            "good", prompt_of(5, 1), [0], sampling=SamplingParams(max_tokens=4, temperature=0)
+        )
+        # 20 + 200 tokens need 14 blocks inside the loop: the core there refuses it.
+        bad = Seq(
+            "bad", prompt_of(20, 2), [1, 2], sampling=SamplingParams(max_tokens=200, temperature=0)
+        )
+        failed: dict[str, str] = {}
+        for _ in range(3):  # the refusal ends it at its first step, or the next
+            live = [q for q in (good, bad) if q.request_id not in failed]
+            scheduled = [q.next() for q in live]
+            result = executor.execute(SchedulerOutput(scheduled))
+            failed.update(result.failed)
+            for q, planned in zip(live, scheduled, strict=True):
+                if q.request_id not in result.failed:
+                    q.advance(planned, result)
+            if "bad" in failed:
+                break
+        assert list(failed) == ["bad"]
+        assert re.search(
+            r"refused the request: .*needs 14 KV blocks; the KV pool holds 8", failed["bad"]
+        )
+        while len(good.output) < 4:
+            step(executor, [good], finished=["bad"] if len(good.output) == 1 else ())
+        assert good.output == greedy_tokens(good.prompt, 4), "the other request carried on"
+        bad_output = next(o for i, _, o in calls.submitted if i == bad.prompt)
+        wait_finished(bad_output)
+        assert bad_output.outputs[0].finish_reason == "cancelled", "aborted in TensorRT-LLM"
+        assert list(worker.scheduler.refused.values()) == [failed["bad"]]
+    finally:
+        worker.stop()
+        executor.shutdown()
+
+
+def test_the_refusal_reaches_the_client_through_the_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core import EngineCore, Submission, WallClock
+    from orchestrator.core.request import FinishReason
+
+    calls = LlmCalls()
+    executor, worker = refusing_executor(tmp_path, monkeypatch, calls)
+    try:
+        config = engine_config(tmp_path / "pytorch", scheduling="in_executor")
+        engine = EngineCore.from_config(config, executor, WallClock())
+        greedy = SamplingParams(max_tokens=200, temperature=0)
+        engine.add_request(Submission("bad", tuple(prompt_of(20, 2)), greedy))
+        short = SamplingParams(max_tokens=6, temperature=0)
+        engine.add_request(Submission("good", tuple(prompt_of(5, 1)), short))
+        outputs: dict[str, list[Any]] = {"bad": [], "good": []}
+        for _ in range(40):
+            for out in engine.step().outputs:
+                outputs[out.request_id].append(out)
+            if not engine.has_work():
+                break
+        (last,) = [o for o in outputs["bad"] if o.finished]
+        assert last.finish_reason == FinishReason.ERROR
+        assert last.error is not None and "inside TensorRT-LLM's loop refused" in last.error
+        good = [t for o in outputs["good"] for t in o.new_token_ids]
+        assert good == greedy_tokens(prompt_of(5, 1), 6), "the other request carried on"
+        assert engine.scheduler.kv.num_free_blocks == engine.scheduler.kv.num_blocks
+    finally:
+        worker.stop()
+        executor.shutdown()
