@@ -57,6 +57,7 @@ class Stream:
     times: list[float] = field(default_factory=list)
     finished_at: float | None = None
     error_code: str | None = None
+    error: str | None = None
 
     @property
     def tpot_s(self) -> float | None:
@@ -93,6 +94,7 @@ def drive(
             if out.finished:
                 stream.finished_at = at - submitted_at.get(out.request_id, 0.0)
                 stream.error_code = out.error_code
+                stream.error = out.error
     return streams, time.perf_counter() - start
 
 
@@ -156,6 +158,7 @@ def pathological(
     alone: list[float] = []
     with_bad: list[float] = []
     answers: dict[str, list[float]] = {name: [] for name, _ in bad}
+    reasons: dict[str, str] = {}
     for rnd in range(args.rounds + 1):
         for attack in (False, True):
             subs = mixed(prompt, args.concurrency, 0.0, args.tokens, f"p{rnd}-{attack}")
@@ -174,11 +177,13 @@ def pathological(
                     if rid.startswith("bad"):
                         assert stream.error_code == "invalid_constraint", (rid, stream)
                         assert stream.finished_at is not None
-                        answers[rid.split("-", 2)[2]].append(stream.finished_at)
+                        name = rid.split("-", 2)[2]
+                        answers[name].append(stream.finished_at)
+                        reasons.setdefault(name, (stream.error or "")[:90])
     for name, times in answers.items():
         print(
             f"{name:>22}: invalid_constraint after {max(times) * 1e3:,.1f} ms at most "
-            f"(timeout {timeout_s:g} s)"
+            f"(timeout {timeout_s:g} s, polled once a step): {reasons.get(name, '')}"
         )
     a, w = statistics.median(alone), statistics.median(with_bad)
     print(
