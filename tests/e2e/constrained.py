@@ -65,7 +65,8 @@ class Finished:
 
 def run(engine: EngineCore, submissions: Sequence[Submission]) -> dict[str, Finished]:
     """Submit everything, step until all have finished (bounded), and return each
-    request's tokens and how it ended."""
+    request's tokens (those produced during this call, for a request submitted before)
+    and how it ended."""
     for s in submissions:
         engine.add_request(s)
     done: dict[str, Finished] = {}
@@ -74,7 +75,7 @@ def run(engine: EngineCore, submissions: Sequence[Submission]) -> dict[str, Fini
         if not engine.has_work():
             break
         for out in engine.step().outputs:
-            tokens[out.request_id].extend(out.new_token_ids)
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
             if out.finished:
                 done[out.request_id] = Finished(
                     tokens[out.request_id], out.finish_reason, out.error, out.error_code

@@ -205,27 +205,43 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
 def test_preemption_by_recompute_keeps_constrained_output_valid(
     weights_f32: LlamaWeights, backend: GrammarBackend, tokenizer: Any
 ) -> None:
-    """Four constrained requests in a pool too small for all of them: they preempt each
-    other, and each output is the one it produces alone (greedy), and valid."""
+    """A constrained request preempted part-way through its output by a better-priority
+    one (a batch of one) resumes by recompute: its output is the one it produces alone
+    (greedy), and valid."""
     eos = weights_f32.args.eos_token_ids
     spec = specs()["json"][0]
-    prompts = [chat_prompt(tokenizer, f"Person number {i}?") for i in range(4)]
-    subs = [
-        Submission(f"p{i}", p, sampling(40, eos, temperature=0), constraint=spec)
-        for i, p in enumerate(prompts)
-    ]
+    low = Submission(
+        "low",
+        chat_prompt(tokenizer, "A person?"),
+        sampling(40, eos, temperature=0),
+        priority=5,
+        constraint=spec,
+    )
+    high = Submission(
+        "high",
+        chat_prompt(tokenizer, "Another person?"),
+        sampling(40, eos, temperature=0),
+        priority=0,
+        constraint=spec,
+    )
     alone = {}
-    for sub in subs:
+    for sub in (low, high):
         engine = constrained_engine(weights_f32, backend)
         alone.update(run(engine, [sub]))
         engine.shutdown()
-    lifetime = max(len(p) for p in prompts) + 40
-    tight = constrained_engine(weights_f32, backend, num_blocks=-(-lifetime // 16) + 2)
-    together = run(tight, subs)
-    assert tight.scheduler.num_preemptions > 0
-    for sub in subs:
-        rid = sub.request_id
-        assert together[rid].tokens == alone[rid].tokens, rid
-        if together[rid].reason is FinishReason.STOP:
-            jsonschema.validate(json.loads(text_of(tokenizer, together[rid])), PERSON)
-    tight.shutdown()
+    engine = constrained_engine(weights_f32, backend, policy="priority", max_batch_size=1)
+    engine.add_request(low)
+    early: list[int] = []
+    for _ in range(200):  # until "low" is part-way through its output
+        early += [t for o in engine.step().outputs for t in o.new_token_ids]
+        if len(early) >= 6:
+            break
+    assert len(early) >= 6
+    rest = run(engine, [high])
+    assert engine.scheduler.num_preemptions > 0
+    assert rest["high"].tokens == alone["high"].tokens
+    assert early + rest["low"].tokens == alone["low"].tokens
+    assert rest["low"].reason is alone["low"].reason
+    if alone["low"].reason is FinishReason.STOP:
+        jsonschema.validate(json.loads(text_of(tokenizer, alone["low"])), PERSON)
+    engine.shutdown()
