@@ -11,6 +11,7 @@ from orchestrator.core.config import (
     AdmissionConfig,
     CacheConfig,
     ConfigError,
+    ConstraintsConfig,
     EngineConfig,
     ExecutorSpec,
     FairShareConfig,
@@ -25,7 +26,12 @@ from orchestrator.core.config import (
     load_engine_config,
     load_yaml,
 )
-from orchestrator.core.constraint import ConstraintKind, ConstraintSpec
+from orchestrator.core.constraint import (
+    ConstraintBackend,
+    ConstraintError,
+    ConstraintKind,
+    ConstraintSpec,
+)
 from orchestrator.core.engine import EngineCore, EngineStats, EngineStep
 from orchestrator.core.errors import AdmissionError, EngineDeadError, EngineError, OverloadedError
 from orchestrator.core.executor import (
@@ -66,8 +72,11 @@ __all__ = [
     "CacheConfig",
     "Clock",
     "ConfigError",
+    "ConstraintBackend",
+    "ConstraintError",
     "ConstraintKind",
     "ConstraintSpec",
+    "ConstraintsConfig",
     "EngineConfig",
     "EngineCore",
     "EngineDeadError",

@@ -172,6 +172,21 @@ class PredictorConfig(StrictModel):
     calibration_repeats: int = Field(3, ge=1, le=50)
 
 
+class ConstraintsConfig(StrictModel):
+    """Limits on compiling a request's constraint (structured outputs, tool calls).
+
+    ``compile_timeout_s``: seconds from submission by which the executor's grammar
+    backend must have compiled the spec, else the request ends with ``invalid_constraint``
+    before any token; ``max_spec_bytes``: the longest spec (UTF-8 bytes of its value)
+    that is compiled at all; ``compile_workers``: threads compiling at once (off the
+    engine thread, so no other request waits on a compile).
+    """
+
+    compile_timeout_s: float = Field(5.0, gt=0)
+    max_spec_bytes: int = Field(262_144, ge=1)
+    compile_workers: int = Field(2, ge=1, le=64)
+
+
 class SchedulerConfig(StrictModel):
     """Per-step limits, the batching strategy and the policy that orders waiting requests.
 
@@ -191,7 +206,8 @@ class SchedulerConfig(StrictModel):
     request that names an unknown class is rejected at submission (HTTP 400).
     ``admission``, ``slo_budget``, ``fair_share`` and ``predictor`` configure SLO
     admission, the SLO-derived token budget, tenant fair share and the step-time
-    predictor; their defaults keep the behaviour without SLO classes.
+    predictor; their defaults keep the behaviour without SLO classes. ``constraints``
+    bounds grammar compilation (``ConstraintsConfig``).
     """
 
     batching: BatchingName = "continuous"
@@ -210,6 +226,7 @@ class SchedulerConfig(StrictModel):
     slo_budget: SLOBudgetConfig = Field(default_factory=SLOBudgetConfig)
     fair_share: FairShareConfig = Field(default_factory=FairShareConfig)
     predictor: PredictorConfig = Field(default_factory=PredictorConfig)
+    constraints: ConstraintsConfig = Field(default_factory=ConstraintsConfig)
 
     @model_validator(mode="after")
     def _known_classes(self) -> SchedulerConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 
 class ConstraintKind(enum.StrEnum):
@@ -38,3 +39,26 @@ class ConstraintSpec:
     def __post_init__(self) -> None:
         if self.kind is not ConstraintKind.JSON_OBJECT and not self.value:
             raise ValueError(f"{self.source}: a {self.kind.value} constraint needs a value")
+
+
+class ConstraintError(ValueError):
+    """A spec the grammar backend cannot compile; the message says what is wrong with it
+    (without the API field: the engine adds ``spec.source``)."""
+
+
+@runtime_checkable
+class ConstraintBackend(Protocol):
+    """What an executor whose ``info().constraint_kinds`` is not empty also implements:
+    the compile step of its grammar library.
+
+    ``compile_constraint(spec)`` turns a spec of one of those kinds into a handle the
+    executor later finds in the plan (``ScheduledRequest.constraint``) on every step of
+    the request; the core never looks inside it. It is called on a worker thread, never
+    the engine thread, possibly for several specs at once, so it must be thread-safe and
+    must not touch state the engine thread mutates. It raises ``ConstraintError`` (or any
+    exception: the engine reports its text) for a spec it cannot compile, and may take
+    long: the engine enforces ``scheduler.constraints.compile_timeout_s`` around it and
+    drops a late handle.
+    """
+
+    def compile_constraint(self, spec: ConstraintSpec) -> object: ...

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from orchestrator.core.calibration import calibrate_prior, startup_shapes
 from orchestrator.core.clock import Clock, WallClock
 from orchestrator.core.config import EngineConfig, StepTimePrior
+from orchestrator.core.constraint import ConstraintBackend
 from orchestrator.core.executor import Executor, ExecutorInfo, create_executor
 from orchestrator.core.kv.manager import KVCacheManager
 from orchestrator.core.output import RequestOutput, SchedulerOutput, StepCost, StepResult
@@ -21,11 +22,16 @@ from orchestrator.core.predictor import (
     features_of,
 )
 from orchestrator.core.request import Request, Submission
+from orchestrator.core.sched.constraints import ConstraintCompiles
 from orchestrator.core.sched.scheduler import Scheduler
 
 __all__ = ["EngineCore", "EngineStats", "EngineStep", "RequestOutput"]
 
 logger = logging.getLogger(__name__)
+
+# Longest wait (s) of an idle step for a grammar compile to end: it bounds how long a
+# submission or abort waits behind a step in which nothing but compiles is in flight.
+IDLE_COMPILE_WAIT_S = 0.005
 
 # What the log says when the step-time predictor's state changes.
 _STATE_MESSAGES = {
@@ -140,7 +146,9 @@ class EngineCore:
         """Build the engine a config describes; the executor's ``info()`` is read once
         here and checked against the config (``ValueError`` names the mismatch).
         ``predictor`` predicts step times (default: an online fit to measured steps,
-        ``scheduler.predictor``; the simulator passes its cost model)."""
+        ``scheduler.predictor``; the simulator passes its cost model). Constrained
+        requests compile through the executor when its ``info().constraint_kinds`` has
+        any (it must then implement ``ConstraintBackend``); others are refused."""
         executor = executor if executor is not None else create_executor(config)
         info = executor.info()
         num_blocks, max_model_len = _checked_info(config, info)
@@ -153,7 +161,17 @@ class EngineCore:
             hash_seed=cache.prefix_hash_seed,
             mirror_executor=info.mirrors_executor_kv,
         )
-        scheduler = Scheduler(config.scheduler, kv, max_model_len, predictor)
+        backend = None
+        if info.constraint_kinds:
+            if not isinstance(executor, ConstraintBackend):
+                raise ValueError(
+                    "the executor reports constraint kinds but has no compile_constraint"
+                )
+            backend = executor
+        constraints = ConstraintCompiles(
+            config.scheduler.constraints, backend, info.constraint_kinds
+        )
+        scheduler = Scheduler(config.scheduler, kv, max_model_len, predictor, constraints)
         return cls(scheduler, executor, clock if clock is not None else WallClock(), info)
 
     def calibrate_predictor(self, config: EngineConfig) -> StepTimePrior | None:
@@ -200,8 +218,12 @@ class EngineCore:
 
     def add_request(self, submission: Submission) -> float | None:
         """Queue a submission; raises ``AdmissionError`` or ``OverloadedError`` with nothing
-        queued. The caller stamps ``arrival_time`` on this engine's clock. Returns the
-        TTFT (s) SLO admission predicted for it, or ``None`` when none ran."""
+        queued (``AdmissionError`` naming ``constraint.source`` for a constraint the
+        executor cannot enforce). The caller stamps ``arrival_time`` on this engine's
+        clock. Returns the TTFT (s) SLO admission predicted for it, or ``None`` when
+        none ran. A constrained request's grammar starts compiling here, off this
+        thread; one that does not compile ends before any token, with error code
+        ``invalid_constraint``."""
         request = Request.from_submission(submission)
         self.scheduler.add_request(request, self.clock.now())
         return request.predicted_ttft_s
@@ -220,6 +242,9 @@ class EngineCore:
         if plan.scheduled or plan.finished_ids or plan.preempted_ids:
             result = self.executor.execute(plan)
         else:
+            if self.scheduler.constraints:
+                # Only compiles are in flight: wait for one rather than spin.
+                self.scheduler.constraints.wait(IDLE_COMPILE_WAIT_S)
             result = StepResult(sampled={}, duration_s=0.0)
         return self.finish_step(plan, result, start)
 
@@ -288,6 +313,7 @@ class EngineCore:
         return f"stats: {self.stats()}; last plan: {planned}"
 
     def shutdown(self) -> None:
+        self.scheduler.constraints.shutdown()
         self.executor.shutdown()
 
 

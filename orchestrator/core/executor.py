@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel
 
 from orchestrator.core.config import EngineConfig
+from orchestrator.core.constraint import ConstraintKind
 from orchestrator.core.output import SchedulerOutput, StepResult
 from orchestrator.core.registry import (
     ENTRY_POINT_GROUP,
@@ -50,6 +51,8 @@ class ExecutorInfo:
     ``mirrors_executor_kv``: the executor allocates KV by its own manager's rule (a
     request's known tokens whole on its first chunk) and that manager's free count is the
     truth, so the engine's KV manager mirrors it (``KVCacheManager(mirror_executor=True)``).
+    ``constraint_kinds``: the constraint kinds it enforces (empty: none; a constrained
+    submission is then refused); an executor with any implements ``ConstraintBackend``.
     ``num_gpus`` is how many accelerators one replica of it occupies (1 for a CPU).
     ``platform`` names what it runs on and in, as ``(key, value)`` pairs (e.g. device,
     dtype, kernel variant), for the start-up log and ``/metrics``; free-form, never
@@ -65,6 +68,7 @@ class ExecutorInfo:
     top_logprobs: bool = True
     seeded_survives_preemption: bool = True
     mirrors_executor_kv: bool = False
+    constraint_kinds: frozenset[ConstraintKind] = frozenset()
     num_gpus: int = 1
     platform: tuple[tuple[str, str], ...] = ()
 
@@ -81,6 +85,9 @@ class Executor(Protocol):
       itself is broken and stops the engine); it never mutates ``plan``.
     - A request's tokens depend only on its own tokens and sampling params (and seed),
       never on what else shares the batch.
+    - A constrained request (``ScheduledRequest.constraint`` set) only ever samples
+      tokens its constraint allows; once the constraint is complete only an
+      end-of-sequence id; a sampled token the constraint refuses fails that request only.
     - ``shutdown()`` releases resources; it is safe to call twice.
     """
 

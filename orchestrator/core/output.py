@@ -28,7 +28,10 @@ class ScheduledRequest(NamedTuple):
     executor that queues work of its own (TensorRT-LLM's waiting queue); ``slo_class``,
     ``tenant`` and ``arrival_time`` (seconds, engine clock) are its other facts, for an
     executor that schedules inside itself with the same policies (TensorRT-LLM's
-    in-executor mode).
+    in-executor mode). ``constraint`` is what the executor's ``ConstraintBackend.compile_constraint``
+    returned for the request's constraint (the same object on every step of the
+    request), or ``None`` for an unconstrained request; the executor masks the tokens
+    it samples for the request with it.
     """
 
     request_id: str
@@ -41,6 +44,7 @@ class ScheduledRequest(NamedTuple):
     slo_class: str | None = None
     tenant: str | None = None
     arrival_time: float = 0.0
+    constraint: object | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -15,15 +15,21 @@ from orchestrator.core.constraint import ConstraintSpec
 
 
 class RequestStatus(enum.IntEnum):
-    """Lifecycle of a request; ordered so that ``status >= FINISHED_STOPPED`` means finished."""
+    """Lifecycle of a request; ordered so that ``status >= FINISHED_STOPPED`` means finished.
 
-    WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH = 4
-    FINISHED_ABORTED = 5
-    FINISHED_ERROR = 6
+    ``WAITING_FOR_GRAMMAR``: accepted, but its constraint is still compiling; it is not
+    in the waiting queue and cannot be scheduled until the compile succeeds (then
+    ``WAITING``) or fails (then ``FINISHED_ERROR``).
+    """
+
+    WAITING_FOR_GRAMMAR = 0
+    WAITING = 1
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH = 5
+    FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7
 
     @property
     def is_finished(self) -> bool:
@@ -148,6 +154,10 @@ class Request:
     # tokens it found in the prefix cache then (the prediction does not count them).
     predicted_ttft_s: float | None = None
     num_expected_cached_tokens: int = 0
+    # What the output must match (``None``: nothing), and, once the executor's grammar
+    # backend compiled it, the handle the plan carries to the executor (opaque here).
+    constraint: ConstraintSpec | None = None
+    constraint_handle: object | None = None
 
     @classmethod
     def from_submission(cls, submission: Submission) -> Request:
@@ -159,6 +169,7 @@ class Request:
             arrival_time=submission.arrival_time,
             slo_class=submission.slo_class,
             tenant=submission.tenant,
+            constraint=submission.constraint,
         )
 
     def __post_init__(self) -> None:

@@ -35,6 +35,9 @@ class TorchExecutorConfig(BaseModel):
     - ``cache_dir``: where dequantised GGUF weights are cached as safetensors.
     - ``seed``: seeds the generator of sampled requests that carry no seed of their own
       (``None``: fresh entropy per executor).
+    - ``constraints``: enforce structured outputs and tool-call grammars with llguidance
+      (``grammar.py``; the model's tokenizer is read once at start). ``false``: the
+      executor enforces none, and constrained requests are refused with a 400.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -48,6 +51,7 @@ class TorchExecutorConfig(BaseModel):
     kv_cache_gib: float = Field(2.0, gt=0)
     cache_dir: str = DEFAULT_CACHE_DIR
     seed: int | None = None
+    constraints: bool = True
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -12,15 +12,26 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from orchestrator.core import ExecutorInfo, SchedulerOutput, StepResult
+from orchestrator.core import (
+    ConstraintError,
+    ConstraintKind,
+    ConstraintSpec,
+    ExecutorInfo,
+    SchedulerOutput,
+    StepResult,
+)
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR, TorchExecutorConfig
 
 if TYPE_CHECKING:
     from orchestrator.core import EngineConfig
+    from plugins.torch_executor.grammar import GrammarBackend, Matchers
     from plugins.torch_executor.runner import ModelRunner
     from plugins.torch_executor.weights import LlamaWeights
 
 log = logging.getLogger(__name__)
+
+# What a grammar backend enforces (``grammar.KINDS``, named here without importing it).
+KINDS = frozenset(ConstraintKind)
 
 
 class TorchExecutor:
@@ -43,6 +54,10 @@ class TorchExecutor:
       projections are stored (``precision.resolve_weights``).
     - ``info().platform`` names what runs: device, dtype, weight format, kernel variant,
       the CPU and the features read from it; it is logged at start.
+    - With a ``grammar`` backend (``grammar.py``, llguidance) it enforces every
+      ``ConstraintKind``: ``compile_constraint`` builds a request's matcher (on the
+      engine's compile thread), the step masks constrained rows before sampling, and the
+      matchers live from a request's first sample to its ``finished_ids``.
     """
 
     Config: ClassVar[type[TorchExecutorConfig]] = TorchExecutorConfig
@@ -59,11 +74,12 @@ class TorchExecutor:
         kernel_dir: Path | None = None,
         cuda_graphs: bool = True,
         weights_format: Literal["auto", "dense", "int8", "bfloat16"] = "dense",
+        grammar: GrammarBackend | None = None,
     ) -> None:
         """Serve ``weights`` (shared, never modified) with a fresh KV pool of
         ``num_blocks`` blocks of ``block_size`` tokens on the weights' device. ``seed``
         seeds the generator of sampled requests without a seed of their own (``None``:
-        fresh entropy)."""
+        fresh entropy). ``grammar``: the constraint backend (``None``: none enforced)."""
         import torch
 
         from plugins.torch_executor import native
@@ -93,6 +109,17 @@ class TorchExecutor:
             loaded = native.load_kernels(kernel_dir or Path(DEFAULT_CACHE_DIR).expanduser())
         dtype = "bfloat16" if weights.dtype == torch.bfloat16 else "float32"
         fmt, why = resolve_weights(weights_format, dtype, device, loaded is not None)
+        self.grammar = grammar
+        matchers: Matchers | None = None
+        if grammar is not None:
+            from plugins.torch_executor.grammar import Matchers
+
+            if grammar.vocab_size != args.vocab_size:
+                raise ValueError(
+                    f"the grammar tokenizer covers {grammar.vocab_size} ids, the model's "
+                    f"logits {args.vocab_size}"
+                )
+            matchers = Matchers(args.vocab_size)
         self._runner: ModelRunner | None = ModelRunner(
             weights,
             num_blocks,
@@ -102,6 +129,7 @@ class TorchExecutor:
             loaded,
             cuda_graphs,
             WeightFormat(fmt),
+            matchers,
         )
         features = " ".join(detect().names()) if device == "cpu" else ""
         self.platform = (
@@ -144,6 +172,22 @@ class TorchExecutor:
         log.info("torch executor dtype %s (%s)", name, why)
         dtype = getattr(torch, name)
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
+        grammar = None
+        if options.constraints:
+            import importlib.util
+
+            if importlib.util.find_spec("llguidance") is None:
+                raise ValueError(
+                    "executor.constraints is true but llguidance is not installed: install "
+                    "the torch extra (llguidance>=1.9,<2) or set executor.constraints: false"
+                )
+            from plugins.torch_executor import grammar as llg
+
+            text = llg.tokenizer_json(engine.model, options.cache_path)
+            tokenizer = llg.load_tokenizer(
+                text, weights.args.vocab_size, weights.args.eos_token_ids
+            )
+            grammar = llg.GrammarBackend(tokenizer)
         block_size = engine.cache.block_size
         per_block = PagedKVCache.bytes_per_block(weights.args, block_size, dtype)
         num_blocks = options.kv_cache_bytes // per_block
@@ -162,6 +206,7 @@ class TorchExecutor:
             kernel_dir=options.cache_path,
             cuda_graphs=options.cuda_graphs,
             weights_format=options.weights,
+            grammar=grammar,
         )
 
     @classmethod
@@ -203,8 +248,16 @@ class TorchExecutor:
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             eos_token_ids=tuple(self.eos_token_ids),
+            constraint_kinds=KINDS if self.grammar is not None else frozenset(),
             platform=self.platform,
         )
+
+    def compile_constraint(self, spec: ConstraintSpec) -> object:
+        """A fresh llguidance matcher for ``spec`` (``ConstraintError`` when it does not
+        compile). Thread-safe; called on the engine's compile threads."""
+        if self.grammar is None:
+            raise ConstraintError("this executor enforces no constraints (constraints: false)")
+        return self.grammar.compile(spec)
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         start = time.perf_counter()
@@ -218,4 +271,6 @@ class TorchExecutor:
 
     def shutdown(self) -> None:
         """Free the KV cache and weights; later ``execute`` calls raise ``RuntimeError``."""
+        if self._runner is not None and self._runner.matchers is not None:
+            self._runner.matchers.shutdown()
         self._runner = None

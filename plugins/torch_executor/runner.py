@@ -10,6 +10,7 @@ import torch
 from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
 from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
+from plugins.torch_executor.grammar import Matchers
 from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.model import TORCH_OPS, Ops, RotaryTable, compute_logits, forward_hidden
 from plugins.torch_executor.native import Kernels
@@ -56,7 +57,8 @@ class ModelRunner:
     ``kernels``: the CPU kernels (``native.load_kernels``), or ``None`` for torch ops
     only. ``cuda_graphs``: on CUDA, replay captured graphs for decode-only steps.
     ``weights``: how the kernels read the projections (``compact.py``; compact formats
-    need ``kernels`` and float32 weights).
+    need ``kernels`` and float32 weights). ``matchers``: the constrained requests'
+    grammar state (``grammar.py``), ``None`` when the executor enforces no constraints.
     """
 
     def __init__(
@@ -69,8 +71,10 @@ class ModelRunner:
         kernels: Kernels | None = None,
         cuda_graphs: bool = True,
         weights_format: WeightFormat = WeightFormat.DENSE,
+        matchers: Matchers | None = None,
     ) -> None:
         self.weights = weights
+        self.matchers = matchers
         self.args = weights.args
         self.device = weights.device
         self.block_size = block_size
@@ -197,9 +201,17 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerOutput) -> StepOutcome:
         """Tokens sampled for every runnable request with ``sample=True``, logprobs for
-        those that asked, and the entries that could not run (see the class doc)."""
+        those that asked, and the entries that could not run (see the class doc).
+
+        A constrained request samples only what its grammar allows: its mask is filled
+        on the matchers' worker thread while the forward pass runs here, then applied to
+        the logits before sampling (logprobs are then of the masked distribution); a
+        sampled token its matcher refuses fails that request only."""
         failed: dict[str, str] = {}
         runnable = []
+        matchers = self.matchers
+        if matchers is not None and plan.finished_ids:
+            matchers.forget(plan.finished_ids)
         for s in plan.scheduled:
             problem = self.check(s)
             if problem is None:
@@ -208,11 +220,27 @@ class ModelRunner:
                 failed[s.request_id] = problem
         if not runnable:
             return StepOutcome(failed=failed)
+        masked = [s for s in runnable if s.sample and s.constraint is not None]
+        pending = matchers.start(masked) if matchers is not None and masked else None
         step = self._logits(runnable)
         sampling = {s.request_id: s for s in runnable if s.sample}
         rows = [SampleRow(sampling[r].sampling, sampling[r].context_len) for r in step.request_ids]
         with torch.inference_mode():
+            if pending is not None:
+                assert matchers is not None
+                row_of = {r: i for i, r in enumerate(step.request_ids)}
+                matchers.apply(pending, step.logits, [row_of[r] for r in pending.request_ids])
             tokens, logprobs = self.sampler.sample(step.logits, rows)
         sampled = dict(zip(step.request_ids, tokens, strict=True))
-        lp = {r: x for r, x in zip(step.request_ids, logprobs, strict=True) if x is not None}
+        if pending is not None:
+            assert matchers is not None
+            matchers.advance(pending, sampled)
+            failed.update(pending.failed)
+            for rid in pending.failed:
+                sampled.pop(rid, None)
+        lp = {
+            r: x
+            for r, x in zip(step.request_ids, logprobs, strict=True)
+            if x is not None and r in sampled
+        }
         return StepOutcome(sampled, lp, failed)

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel
 
 from orchestrator.core import (
+    ConstraintKind,
     EngineConfig,
     ExecutorInfo,
     SamplingParams,
@@ -176,8 +177,14 @@ class TrtllmExecutorBase(ABC, Generic[OptionsT, SettingsT]):
             owns_batching=True,
             top_logprobs=False,  # the chosen token's log-probability only
             seeded_survives_preemption=False,  # TensorRT-LLM seeds a request once, at submission
+            constraint_kinds=self._constraint_kinds(),
             num_gpus=self.settings.world_size,
         )
+
+    def _constraint_kinds(self) -> frozenset[ConstraintKind]:
+        """The constraint kinds this mode passes on to a TensorRT-LLM that enforces them
+        (a mode with any also implements ``compile_constraint``); none by default."""
+        return frozenset()
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         if self._closed:

@@ -56,6 +56,7 @@ from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig
 from plugins.trtllm.llm_api import translate as llm_translate
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
+from plugins.trtllm.llm_api.guided import Guide
 from plugins.trtllm.llm_api.settings import CudaGraphs, LlmApiSettings
 from plugins.trtllm.llm_api.settings import load_settings as load_llm_settings
 from plugins.trtllm.names import (
@@ -453,7 +454,20 @@ def llm_construction_checks(recorder: Recorder) -> list[NameCheck]:
     for name, params in REPRESENTATIVE_SAMPLING.items():
         build = partial(llm_translate.sampling_params, recorder, params, 4, 11)
         checks.append(_constructs(f"SamplingParams ({name})", build))
+    # One guide of each field GuidedDecodingParams is given (llm_api/guided.py).
+    greedy = REPRESENTATIVE_SAMPLING["greedy"]
+    for guide in REPRESENTATIVE_GUIDES:
+        build = partial(llm_translate.sampling_params, recorder, greedy, 4, None, guide)
+        checks.append(_constructs(f"SamplingParams (guided_decoding {guide.field})", build))
     return checks
+
+
+REPRESENTATIVE_GUIDES = (
+    Guide("json", '{"type": "object"}'),
+    Guide("json_object", True),
+    Guide("regex", "[0-9]+"),
+    Guide("grammar", 'start: "yes" | "no"'),
+)
 
 
 def coverage_check(recorder: Recorder, bindings: Sequence[Binding] = BINDINGS) -> NameCheck:

@@ -272,6 +272,43 @@ LLM_API_BINDINGS: tuple[Binding, ...] = (
     Binding("CompletionOutput", attributes=("token_ids_diff", "logprobs_diff", "finish_reason")),
 )
 
+# ---- guided decoding (structured outputs) -------------------------------------------
+# tensorrt_llm/sampling_params.py at 000a01de: ``GuidedDecodingParams`` is a keyword-only
+# dataclass (json, regex, grammar, json_object, structural_tag; one guide per request)
+# and ``SamplingParams.guided_decoding`` carries it (after ``logprobs`` and the output
+# fields, before ``ignore_eos``). tensorrt_llm/llmapi/llm_args.py:
+# ``guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = None`` on the
+# LLM arguments (llguidance on the PyTorch backend only). What each backend compiles:
+# tensorrt_llm/_torch/pyexecutor/grammar_matcher.py at 0fccc5b9 (xgrammar: JSON,
+# JSON_SCHEMA, REGEX, EBNF_GRAMMAR, STRUCTURAL_TAG; llguidance: the same but
+# STRUCTURAL_TAG, and its EBNF_GRAMMAR is a Lark grammar).
+from dataclasses import replace as _replace  # noqa: E402 - kept inside this block
+
+GUIDED_DECODING_BACKENDS = ("xgrammar", "llguidance")
+GUIDED_DECODING_PARAMS = Binding(
+    "GuidedDecodingParams", keywords=("json", "regex", "grammar", "json_object")
+)
+
+
+def _with_keyword(binding: Binding, keyword: str, before: str | None) -> Binding:
+    """``binding`` with ``keyword`` inserted before ``before`` (at the end for ``None``),
+    keeping the real parameter order."""
+    keywords = list(binding.keywords)
+    keywords.insert(keywords.index(before) if before is not None else len(keywords), keyword)
+    return _replace(binding, keywords=tuple(keywords))
+
+
+def _guided(binding: Binding) -> Binding:
+    if binding.name == "SamplingParams":
+        return _with_keyword(binding, "guided_decoding", before="ignore_eos")
+    if binding.name == "LLM":
+        return _with_keyword(binding, "guided_decoding_backend", before="enable_iter_perf_stats")
+    return binding
+
+
+LLM_API_BINDINGS = (*map(_guided, LLM_API_BINDINGS), GUIDED_DECODING_PARAMS)
+# ---- end of guided decoding -------------------------------------------------------
+
 LLM_API_BY_NAME: dict[str, Binding] = {b.name: b for b in LLM_API_BINDINGS}
 
 # RequestOutput is consumed with ``async for``; these are checked with the attributes.

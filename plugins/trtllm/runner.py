@@ -47,7 +47,9 @@ class Ask(NamedTuple):
     first, the plan's ``ScheduledRequest.priority``); a mode or release that cannot pass
     it on leaves TensorRT-LLM's own queue first-come-first-served. ``slo_class``,
     ``tenant`` and ``arrival_time`` (seconds, engine clock) are the plan's too, for a
-    mode that schedules inside TensorRT-LLM (LLM-API in-executor mode)."""
+    mode that schedules inside TensorRT-LLM (LLM-API in-executor mode). ``constraint`` is
+    the plan's handle (``ScheduledRequest.constraint``; the mode's guide), ``None`` for
+    none."""
 
     tokens: Sequence[int]
     max_tokens: int
@@ -57,6 +59,7 @@ class Ask(NamedTuple):
     slo_class: str | None = None
     tenant: str | None = None
     arrival_time: float = 0.0
+    constraint: object | None = None
 
 
 class Backend(Protocol):
@@ -178,6 +181,13 @@ class PlanRunner:
                 f"{length} tokens, {generated} of them generated, leave no room for another "
                 f"(max_tokens={sampling.max_tokens}, max_seq_len={self._max_seq_len})"
             )
+        if scheduled.constraint is not None and generated:
+            # TensorRT-LLM starts a guide at the end of what it is given: resumed, the
+            # grammar would restart mid-output and let through what it must not.
+            return (
+                "constraint: a constrained request cannot resume after preemption on "
+                f"TensorRT-LLM ({generated} tokens generated; its guide would restart)"
+            )
         try:
             seed = self._seed(sampling, generated)
             ask = Ask(
@@ -189,6 +199,7 @@ class PlanRunner:
                 scheduled.slo_class,
                 scheduled.tenant,
                 scheduled.arrival_time,
+                scheduled.constraint,
             )
             submission = self._backend.submit(ask)
         except Exception as err:  # TensorRT-LLM's refusal of this one request

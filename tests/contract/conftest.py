@@ -18,7 +18,9 @@ class ExecutorCase:
     its block size (tokens), the exclusive upper bound of its token ids, whether it
     implements logprobs (an executor may return none), whether those include the top
     alternatives, and whether a seeded request's random sequence survives preemption
-    (an executor that seeds a request once, when it is enqueued, cannot resume one)."""
+    (an executor that seeds a request once, when it is enqueued, cannot resume one).
+    ``decode`` turns token ids into text, for an executor that enforces constraints
+    (the suite checks its constrained tokens); ``None`` elsewhere."""
 
     build: Callable[[], Executor]
     block_size: int
@@ -26,6 +28,7 @@ class ExecutorCase:
     returns_logprobs: bool = True
     top_logprobs: bool = True
     seeded_survives_preemption: bool = True
+    decode: Callable[[list[int]], str] | None = None
 
 
 def fake_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase:
@@ -51,15 +54,19 @@ def torch_smollm2_case(tmp_path_factory: pytest.TempPathFactory) -> ExecutorCase
     import torch
 
     from plugins.torch_executor import TorchExecutor
+    from tests.e2e.constrained import grammar_backend
     from tests.e2e.models import session_cache_dir, smollm_weights
 
     # float32: batched and single-row matmuls then differ by ~1e-6, far below the gap
     # between the candidates a greedy or seeded choice picks from.
-    weights = smollm_weights(session_cache_dir(tmp_path_factory), torch.float32)
+    cache_dir = session_cache_dir(tmp_path_factory)
+    weights = smollm_weights(cache_dir, torch.float32)
+    grammar = grammar_backend(weights, cache_dir)  # constraints on, as from_config builds it
     return ExecutorCase(
-        lambda: TorchExecutor(weights, block_size=16, num_blocks=64, seed=0),
+        lambda: TorchExecutor(weights, block_size=16, num_blocks=64, seed=0, grammar=grammar),
         16,
         weights.args.vocab_size,
+        decode=grammar.tokenizer.decode_str,
     )
 
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 import copy
 import random
 
+import pytest
+
+from orchestrator.core.config import ConstraintsConfig
+from orchestrator.core.constraint import ConstraintBackend, ConstraintKind, ConstraintSpec
+from orchestrator.core.errors import AdmissionError
 from orchestrator.core.executor import Executor
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput
-from orchestrator.core.request import SamplingParams
+from orchestrator.core.request import Request, SamplingParams
+from orchestrator.core.sched.constraints import ConstraintCompiles
 from tests.contract.conftest import ExecutorCase
 from tests.contract.driver import generate
 
@@ -143,3 +149,40 @@ def test_tokens_survive_preemption_by_recompute(case: ExecutorCase) -> None:
 def test_shutdown_is_safe_twice(executor: Executor) -> None:
     executor.shutdown()
     executor.shutdown()
+
+
+def test_constraints_are_enforced_where_claimed_and_refused_elsewhere(
+    case: ExecutorCase, executor: Executor
+) -> None:
+    """An executor that claims constraint kinds compiles them and samples only what they
+    allow; one that claims none has every constrained request refused (as the engine
+    wires it: ``EngineCore.from_config``)."""
+    kinds = executor.info().constraint_kinds
+    backend = executor if kinds and isinstance(executor, ConstraintBackend) else None
+    compiles = ConstraintCompiles(ConstraintsConfig(), backend, kinds)
+    spec = ConstraintSpec(ConstraintKind.REGEX, "[0-9]{2,4}", "structured_outputs.regex")
+    request = Request("c", prompt(case, 4, 3), GREEDY)
+    request.constraint = spec
+    if ConstraintKind.REGEX not in kinds:
+        with pytest.raises(AdmissionError, match=r"structured_outputs\.regex: the executor cannot"):
+            compiles.check(request)
+        return
+    assert backend is not None, "an executor with constraint kinds implements ConstraintBackend"
+    compiles.check(request)
+    handle = backend.compile_constraint(spec)
+    tokens = prompt(case, 4, 3)
+    table = list(range(blocks_for(case, len(tokens) + 4)))
+    generated: list[int] = []
+    for step in range(3):
+        run = tokens + generated if step == 0 else generated[-1:]
+        start = 0 if step == 0 else len(tokens) + len(generated) - 1
+        entry = ScheduledRequest("c", run, start, table, True, SEEDED, constraint=handle)
+        result = executor.execute(SchedulerOutput([entry]))
+        assert not result.failed, result.failed
+        generated.append(result.sampled["c"])
+    if case.decode is not None:  # digits, then only end-of-sequence once complete
+        eos = set(executor.info().eos_token_ids)
+        text = case.decode([t for t in generated if t not in eos])
+        assert text.isdigit() and len(text) <= 4, (generated, text)
+        first_eos = next((i for i, t in enumerate(generated) if t in eos), len(generated))
+        assert all(t in eos for t in generated[first_eos:]), generated

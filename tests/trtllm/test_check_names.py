@@ -73,8 +73,10 @@ def test_every_check_of_both_modes_passes_on_the_fakes() -> None:
     llm_signatures = sum(
         1 + len(b.keywords) for b in LLM_API_BINDINGS if b.name in check_names.LLM_API_ARGUMENTS
     )
-    llm_constructions = len(check_names.representative_llm_settings()) + len(
-        check_names.REPRESENTATIVE_SAMPLING
+    llm_constructions = (
+        len(check_names.representative_llm_settings())
+        + len(check_names.REPRESENTATIVE_SAMPLING)
+        + len(check_names.REPRESENTATIVE_GUIDES)
     )
     expected = engine_names + engine_signatures + engine_constructions + 1
     expected += llm_names + llm_signatures + llm_constructions + 1

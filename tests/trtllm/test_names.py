@@ -113,6 +113,7 @@ def test_the_fake_executor_and_llm_refuse_none_where_the_real_ones_do(tmp_path: 
         "max_seq_len": 128,
         "max_num_tokens": 64,
         "cuda_graph_config": fake_llmapi.CudaGraphConfig(),
+        "guided_decoding_backend": "llguidance",
         "enable_iter_perf_stats": True,
     }
     for module, binding, arguments in [

@@ -106,7 +106,8 @@ class SloAdmission(QueueLimitAdmission):
     """Queue limits, then a TTFT prediction against the request's class target.
 
     The prediction is the time already waited plus ``Forecast.first_token_s`` behind the
-    waiting requests that rank ahead of it in policy order (and, with
+    waiting requests that rank ahead of it in policy order, plus, for a constrained
+    request, the expected compile time of its grammar (and, with
     ``reserve_retries``, the refused requests told to come back within its target). If
     it exceeds ``ttft_margin`` x the class's TTFT target, the request is moved to
     ``downgrade_to`` when that class's target is met, else refused with code
@@ -150,7 +151,9 @@ class SloAdmission(QueueLimitAdmission):
             until = now + budget_s if own_due is None else own_due
             ahead += self.bookings.expected_ahead(until)
         waited = now - request.arrival_time
-        predicted = waited + forecast.first_token_s(ahead, own, request.priority)
+        # A constrained request first waits for its grammar, whatever runs meanwhile.
+        compile_s = scheduler.constraints.expected_s(request)
+        predicted = waited + compile_s + forecast.first_token_s(ahead, own, request.priority)
         # Kept by an admitted request only; a refused one is dropped whole.
         request.predicted_ttft_s = predicted
         request.num_expected_cached_tokens = cached

@@ -11,7 +11,8 @@ collaborators called through named hooks, each off by default: the admission pol
 ``slo.SloTracker`` gives each request its class, sheds waiting requests whose deadline
 has long passed and keeps the TTFT prediction errors and refusals;
 ``slo.slo_step_budget`` shrinks a step's prefill under the tightest running TPOT
-target; ``fair.FairShare`` charges tenants for service and brings its waiting queue.
+target; ``fair.FairShare`` charges tenants for service and brings its waiting queue;
+``constraints.ConstraintCompiles`` holds constrained requests until their grammar compiled.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from orchestrator.core.predictor import LinearStepTimePredictor, StepTimePredict
 from orchestrator.core.request import FINISH_REASONS, Request, RequestStatus
 from orchestrator.core.sched.admission import ADMISSION_POLICIES, check_fits
 from orchestrator.core.sched.batching import BATCHING_STRATEGIES
+from orchestrator.core.sched.constraints import INVALID_CONSTRAINT, ConstraintCompiles
 from orchestrator.core.sched.fair import FairShare
 from orchestrator.core.sched.ordering import make_ordering
 from orchestrator.core.sched.preemption import kv_victim, priority_victim
@@ -50,8 +52,8 @@ class Scheduler:
     ``predictor`` predicts step times for admission and the SLO budget (default: the
     online linear fit of ``config.predictor``; the engine feeds it measured steps).
     ``preempt_for_priority`` is the config's setting, or the ordering policy's default
-    when the config leaves it unset.
-    """
+    when the config leaves it unset. ``constraints`` compiles grammars (default: no
+    backend, so constrained requests are refused)."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class Scheduler:
         kv: KVCacheManager,
         max_model_len: int,
         predictor: StepTimePredictor | None = None,
+        constraints: ConstraintCompiles | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -72,6 +75,9 @@ class Scheduler:
         )
         self.admission = ADMISSION_POLICIES[config.admission.type](config)
         self.slo = SloTracker(config)
+        self.constraints = (
+            constraints if constraints is not None else ConstraintCompiles(config.constraints)
+        )
         fair = config.fair_share
         self.fair = FairShare(fair, self.ordering) if fair.enabled else None
         self.waiting: RequestQueue = (
@@ -90,19 +96,25 @@ class Scheduler:
         never be served (or names an unknown SLO class), ``OverloadedError`` when the
         admission policy refuses it now. Its class: its own, else ``default_slo_class``
         (the gateway puts a tenant's default class on the submission). ``now``
-        (seconds) is the submission time (default: the request's arrival)."""
+        (seconds) is the submission time (default: the request's arrival). A constrained
+        request waits for its grammar (``WAITING_FOR_GRAMMAR``) before it is queued."""
         if request.request_id in self.requests:
             raise AdmissionError(f"request id {request.request_id!r} is already in use")
         check_fits(request, self.kv, self.max_model_len, self.config, self.strategy.chunks_prefill)
+        self.constraints.check(request)
         self.slo.on_submit(request)
+        now = request.arrival_time if now is None else now
         try:
-            self.admission.admit(self, request, request.arrival_time if now is None else now)
+            self.admission.admit(self, request, now)
         except OverloadedError as err:
             self.slo.on_refused(request, err.code)
             raise
-        request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
-        self.waiting.push(request)
+        if request.constraint is None:
+            request.status = RequestStatus.WAITING
+            self.waiting.push(request)
+        else:
+            self.constraints.start(request, now)
         self.slo.on_queued(request)
         if self.fair is not None:
             self.fair.on_submit(request)
@@ -119,7 +131,7 @@ class Scheduler:
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         else:
-            self.waiting.remove(request)
+            self._unqueue(request)
         if self.fair is not None:
             self.fair.forget(request_id)
         self.kv.free(request)
@@ -127,6 +139,11 @@ class Scheduler:
         request.finish_time = now
         self._outbox.finished_ids.append(request_id)
         return request
+
+    def _unqueue(self, request: Request) -> None:
+        """Take a request that is not running out of the queue, or stop its compile."""
+        if not self.constraints.cancel(request.request_id):
+            self.waiting.remove(request)
 
     @property
     def num_waiting(self) -> int:
@@ -143,12 +160,23 @@ class Scheduler:
 
     def schedule(self, now: float) -> SchedulerOutput:
         """The plan for the next step; ``now`` is the step's start (seconds)."""
+        if self.constraints:
+            self._take_compiled(now)
         if self.slo.has_due(now):
             self._shed_late(now)
         step = StepState(self.step_budget())
         self.strategy.fill(self, step, now)
         preempted_ids, finished_ids = self._outbox.take_ids()
         return SchedulerOutput(list(step.scheduled.values()), preempted_ids, finished_ids)
+
+    def _take_compiled(self, now: float) -> None:
+        """Queue the requests whose grammar compiled; end the others before any token."""
+        for request, error in self.constraints.poll(now):
+            if error is None:
+                request.status = RequestStatus.WAITING
+                self.waiting.push(request)
+            else:
+                self._end_unscheduled(request, now, error, INVALID_CONSTRAINT)
 
     def step_budget(self) -> int:
         """This step's token budget (tokens): ``max_num_tokens``, or with the SLO budget
@@ -162,12 +190,16 @@ class Scheduler:
         ``admission.shed_after_deadline_s`` ago: they cannot meet their SLO, and running
         them would only delay requests that still can."""
         for request in self.slo.due(now, self.requests):
-            self.waiting.remove(request)
-            if self.fair is not None:
-                self.fair.forget(request.request_id)
+            self._unqueue(request)
             error = self.slo.shed_error(request, now)
-            self._finish(request, RequestStatus.FINISHED_ERROR, now)
-            self._outbox.outputs.append(error_output(request, error, "ttft_deadline_passed"))
+            self._end_unscheduled(request, now, error, "ttft_deadline_passed")
+
+    def _end_unscheduled(self, request: Request, now: float, error: str, code: str) -> None:
+        """End a request that left the queue (or its compile) with ``error``."""
+        if self.fair is not None:
+            self.fair.forget(request.request_id)
+        self._finish(request, RequestStatus.FINISHED_ERROR, now)
+        self._outbox.outputs.append(error_output(request, error, code))
 
     def schedule_running(self, step: StepState, now: float) -> None:
         """Decode tokens for every running request first, then prefill chunks for the
@@ -295,6 +327,7 @@ class Scheduler:
             start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
             request.sampling,
             *request.plan_facts,
+            request.constraint_handle,
         )
         step.budget -= n
 

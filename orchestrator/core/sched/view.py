@@ -47,6 +47,12 @@ class OutputLengthView(Protocol):
     def expected_output_tokens(self, request: Request) -> int: ...
 
 
+class CompileView(Protocol):
+    """The grammar compiles' read side for admission (``constraints.ConstraintCompiles``)."""
+
+    def expected_s(self, request: Request) -> float: ...
+
+
 class SchedulerView(Protocol):
     """The scheduler's state as of a submission (times in seconds on the engine clock).
 
@@ -55,7 +61,8 @@ class SchedulerView(Protocol):
     evict a running one of worse priority; ``step_end_time``: when the step in flight ends (a
     request submitted earlier waits for it); ``step_budget()``: the next step's token
     budget; ``admitted_rate(better_than)``: the recent rate of queued requests (all, or
-    those of a better priority than ``better_than``).
+    those of a better priority than ``better_than``); ``constraints.expected_s(request)``:
+    how long (s) its grammar is expected to compile before it can be scheduled.
     """
 
     @property
@@ -78,6 +85,9 @@ class SchedulerView(Protocol):
 
     @property
     def slo(self) -> OutputLengthView: ...
+
+    @property
+    def constraints(self) -> CompileView: ...
 
     @property
     def step_end_time(self) -> float: ...

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
 from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api import translate
+from plugins.trtllm.llm_api.guided import Guide
 from plugins.trtllm.llm_api.stats import KvStatsReader
 from plugins.trtllm.llm_api.translate import ReleaseOptions
 from plugins.trtllm.runner import Ask
@@ -126,7 +127,10 @@ class LlmApiBackend:
             refusals.listen(self._refused)
 
     def submit(self, ask: Ask) -> int:
-        params = translate.sampling_params(self._llmapi, ask.sampling, ask.max_tokens, ask.seed)
+        guide = ask.constraint if isinstance(ask.constraint, Guide) else None
+        params = translate.sampling_params(
+            self._llmapi, ask.sampling, ask.max_tokens, ask.seed, guide
+        )
         options: dict[str, Any] = {}
         if self._release.passes_priority:
             options["priority"] = translate.llm_priority(ask.priority)

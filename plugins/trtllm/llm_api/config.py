@@ -46,6 +46,11 @@ class TrtllmLlmApiConfig(BaseModel):
     for one step's tokens; ``startup_timeout_s`` bounds the model load and the warm-up
     request that measures the KV cache; ``stats_interval_s`` is how often, at most, the
     executor's KV statistics are read during serving.
+
+    ``guided_decoding_backend`` (``xgrammar`` or ``llguidance``) starts TensorRT-LLM with
+    that grammar backend, so constrained requests (structured outputs, tool calls) are
+    passed on as ``GuidedDecodingParams``; unset, TensorRT-LLM runs no guided decoder and
+    constrained requests are refused with a 400 (never passed on unenforced).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -72,6 +77,7 @@ class TrtllmLlmApiConfig(BaseModel):
     step_timeout_s: float = Field(600.0, gt=0)
     startup_timeout_s: float = Field(1800.0, gt=0)
     stats_interval_s: float = Field(1.0, gt=0)
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> TrtllmLlmApiConfig:

@@ -14,12 +14,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from orchestrator.core import EngineConfig
+from orchestrator.core import ConstraintKind, ConstraintSpec, EngineConfig
 from plugins.trtllm.base import TrtllmExecutorBase, import_trtllm
 from plugins.trtllm.kv import KvSnapshot
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.backend import EventLoopThread, LlmApiBackend
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
+from plugins.trtllm.llm_api.guided import Guide, constraint_kinds, guide_of
 from plugins.trtllm.llm_api.settings import (
     LlmApiSettings,
     check_engine_config,
@@ -66,7 +67,13 @@ class WithLlmOptions:
 class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings]):
     """The ``Executor`` protocol over ``tensorrt_llm.LLM`` (LLM-API mode): see
     ``TrtllmExecutorBase``. The KV statistics are ``kvCacheStats`` entries of
-    ``LLM.get_stats_async``, read on the adapter's loop (``llm_api.stats``)."""
+    ``LLM.get_stats_async``, read on the adapter's loop (``llm_api.stats``).
+
+    Constraints: with ``guided_decoding_backend`` set, the kinds that backend compiles
+    (``llm_api.guided``) are passed on as ``GuidedDecodingParams``; TensorRT-LLM compiles
+    and applies them. ``compile_constraint`` only checks and translates the spec. A
+    constrained request preempted after its first token fails rather than resume (its
+    guide would restart at the resumed position)."""
 
     Config: ClassVar[type[TrtllmLlmApiConfig]] = TrtllmLlmApiConfig
     # Imports TensorRT-LLM's private modules for in-executor scheduling (tests replace it).
@@ -98,7 +105,18 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
             llmapi = import_trtllm(LLM_API_MODULE, "trtllm-llmapi", "1.2.1 or newer")
         return cls(llmapi, settings, options)
 
+    def compile_constraint(self, spec: ConstraintSpec) -> Guide:
+        """The guide for ``spec`` (``ConstraintError`` for a spec the backend cannot
+        take); thread-safe: reads only the settings."""
+        backend = self.settings.guided_decoding_backend
+        if backend is None:
+            raise ValueError("no guided_decoding_backend is configured")
+        return guide_of(spec, backend)
+
     # ------------------------------------------------------------------ mode hooks
+
+    def _constraint_kinds(self) -> frozenset[ConstraintKind]:
+        return constraint_kinds(self.settings.guided_decoding_backend)
 
     def _start(self) -> Backend:
         self._release = translate.release_options(self._llmapi)

@@ -56,6 +56,8 @@ class LlmApiSettings:
     cuda_graphs: CudaGraphs | None
     capacity_scheduler_policy: str
     in_executor: InExecutorCore | None = None
+    # TensorRT-LLM's grammar backend (``names.GUIDED_DECODING_BACKENDS``), or None: none.
+    guided_decoding_backend: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -136,6 +138,7 @@ def load_settings(config: TrtllmLlmApiConfig) -> LlmApiSettings:
         enable_chunked_prefill=get(config.enable_chunked_prefill, "enable_chunked_prefill"),
         cuda_graphs=_cuda_graphs(config, options, max_batch_size),
         capacity_scheduler_policy=policy,
+        guided_decoding_backend=config.guided_decoding_backend,
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.core import SamplingParams
 from plugins.trtllm.kv import KvSnapshot
+from plugins.trtllm.llm_api.guided import Guide
 from plugins.trtllm.llm_api.settings import CudaGraphs, LlmApiSettings
 from plugins.trtllm.names import (
     KV_CACHE_STATS_FIELDS,
@@ -90,7 +91,8 @@ def release_options(llmapi: Any) -> ReleaseOptions:
 def start_llm(llmapi: Any, settings: LlmApiSettings, release: ReleaseOptions) -> Any:
     """Load the model: TensorRT-LLM's ``LLM`` on the PyTorch backend (the default of
     ``tensorrt_llm.llmapi.LLM`` in every release this adapter targets). Iteration
-    statistics are switched on: the KV cache picture is read from them."""
+    statistics are switched on: the KV cache picture is read from them. The grammar
+    backend is the settings' (``None``: no guided decoder)."""
     kv_options: dict[str, Any] = {}
     if release.pins_kv_manager_v1:
         kv_options["use_kv_cache_manager_v2"] = False
@@ -120,6 +122,7 @@ def start_llm(llmapi: Any, settings: LlmApiSettings, release: ReleaseOptions) ->
         max_seq_len=settings.max_seq_len,
         max_num_tokens=settings.max_num_tokens,
         cuda_graph_config=cuda_graph_config(llmapi, settings.cuda_graphs),
+        guided_decoding_backend=settings.guided_decoding_backend,
         enable_iter_perf_stats=True,
     )
 
@@ -139,7 +142,11 @@ def cuda_graph_config(llmapi: Any, graphs: CudaGraphs | None) -> Any:
 
 
 def sampling_params(
-    llmapi: Any, sampling: SamplingParams, max_tokens: int, seed: int | None
+    llmapi: Any,
+    sampling: SamplingParams,
+    max_tokens: int,
+    seed: int | None,
+    guide: Guide | None = None,
 ) -> Any:
     """A request for ``max_tokens`` more tokens. Greedy (temperature 0) is ``top_k=1``;
     otherwise ``top_p`` is always passed (unset, the C++ runtime's 0 with an unset
@@ -150,7 +157,8 @@ def sampling_params(
     ``include_stop_str_in_output``: without it the LLM API trims a stop token from the
     output, and the scheduler must see the token it stops on. ``logprobs=1`` asks for
     the chosen token's log-probability (0 would ask for none). ``detokenize=False``: the
-    gateway decodes; TensorRT-LLM's text is not used."""
+    gateway decodes; TensorRT-LLM's text is not used. ``guide``: the request's
+    constraint (``guided.guide_of``) as ``GuidedDecodingParams``, one field set."""
     greedy = sampling.greedy
     return llmapi.SamplingParams(
         max_tokens=max_tokens,
@@ -161,6 +169,9 @@ def sampling_params(
         seed=None if greedy else seed,
         temperature=None if greedy else sampling.temperature,
         logprobs=None if sampling.logprobs is None else 1,
+        guided_decoding=(
+            None if guide is None else llmapi.GuidedDecodingParams(**{guide.field: guide.value})
+        ),
         ignore_eos=True,
         detokenize=False,
     )

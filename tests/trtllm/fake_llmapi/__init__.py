@@ -6,6 +6,7 @@ from tests.trtllm.fake_llmapi._llm import LLM, CompletionOutput, RequestOutput
 from tests.trtllm.fake_llmapi._options import (
     CapacitySchedulerPolicy,
     CudaGraphConfig,
+    GuidedDecodingParams,
     KvCacheConfig,
     SamplingParams,
     SchedulerConfig,
@@ -16,6 +17,7 @@ __all__ = [
     "CapacitySchedulerPolicy",
     "CompletionOutput",
     "CudaGraphConfig",
+    "GuidedDecodingParams",
     "KvCacheConfig",
     "RequestOutput",
     "SamplingParams",

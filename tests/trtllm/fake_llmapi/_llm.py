@@ -49,7 +49,7 @@ import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -57,6 +57,7 @@ from tests.trtllm.fake_batching import Batcher, Event, Job, KvPicture, Limits
 from tests.trtllm.fake_llmapi._options import (
     CapacitySchedulerPolicy,
     CudaGraphConfig,
+    GuidedDecodingParams,
     KvCacheConfig,
     SamplingParams,
     SchedulerConfig,
@@ -100,6 +101,7 @@ class _TorchLlmArgs(BaseModel):
     max_seq_len: int | None = None
     max_num_tokens: int | None = 8192
     cuda_graph_config: CudaGraphConfig | None
+    guided_decoding_backend: Literal["xgrammar", "llguidance"] | None = None
     enable_iter_perf_stats: bool = False
 
 
@@ -263,6 +265,7 @@ class LLM:
         max_seq_len: int | None = None,
         max_num_tokens: int | None = 8192,
         cuda_graph_config: CudaGraphConfig | None = _DEFAULT,
+        guided_decoding_backend: str | None = None,
         enable_iter_perf_stats: bool = False,
     ) -> None:
         args = _TorchLlmArgs(
@@ -281,6 +284,7 @@ class LLM:
             cuda_graph_config=(
                 CudaGraphConfig() if cuda_graph_config is _DEFAULT else cuda_graph_config
             ),
+            guided_decoding_backend=guided_decoding_backend,
             enable_iter_perf_stats=enable_iter_perf_stats,
         )
         folder = Path(args.model)
@@ -317,6 +321,7 @@ class LLM:
         self._iter_stats: IterationResult | None = None
         self._iteration = 0
         self._shut_down = False
+        self.guides: list[tuple[list[int], GuidedDecodingParams, str | None]] = []
         self._batcher = Batcher(self._limits, self._collect)
         weak = weakref.ref(self)
         self._stats = StatsDispatcher(
@@ -347,6 +352,12 @@ class LLM:
             )
         if not 0.0 <= priority <= 1.0:  # GenerationRequest, tensorrt_llm/executor/request.py
             raise ValueError(f"priority must be a float in [0.0, 1.0], got {priority}")
+        guide = params.guided_decoding
+        if guide is not None:
+            guide._validate()
+            # The fake runs no grammar: it records each guide (with the backend it was
+            # started with) for the tests to read; its tokens stay the fake model's.
+            self.guides.append((list(inputs), guide, self._args.guided_decoding_backend))
         limits = self._limits
         if not limits.chunked_context and len(inputs) > limits.max_num_tokens:
             raise ValueError(

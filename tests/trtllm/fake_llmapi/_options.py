@@ -10,7 +10,7 @@ nothing at construction.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,6 +59,23 @@ class CudaGraphConfig(_Strict):
 
 
 @dataclass(slots=True, kw_only=True)
+class GuidedDecodingParams:
+    """tensorrt_llm/sampling_params.py at 000a01de: one guide per request, checked by
+    ``_validate``. The listed fields only (the real class also has ``structural_tag``,
+    which the adapter never sets)."""
+
+    json: str | dict[str, object] | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def _validate(self) -> None:
+        num_guides = sum(bool(getattr(self, f.name)) for f in fields(self))
+        if num_guides > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {num_guides}.")
+
+
+@dataclass(slots=True, kw_only=True)
 class SamplingParams:
     max_tokens: int = 32
     stop_token_ids: list[int] | None = None
@@ -68,5 +85,6 @@ class SamplingParams:
     seed: int | None = None
     temperature: float | None = None
     logprobs: int | None = None
+    guided_decoding: GuidedDecodingParams | None = None
     ignore_eos: bool = False
     detokenize: bool = True
