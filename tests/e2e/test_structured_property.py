@@ -94,6 +94,8 @@ def engine(weights_f32: LlamaWeights, cache_dir: Path) -> Any:
 
 
 _seq = iter(range(1_000_000))
+# One entry per output of the examples run: whether it completed (ended by its grammar).
+_completed: list[bool] = []
 
 
 @settings(
@@ -102,7 +104,7 @@ _seq = iter(range(1_000_000))
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(schema=SCHEMAS, seed=st.integers(0, 2**31 - 1))
-def test_every_completed_output_validates_against_its_schema(
+def _outputs_validate(
     engine: EngineCore, tokenizer: Any, schema: dict[str, Any], seed: int
 ) -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -120,7 +122,18 @@ def test_every_completed_output_validates_against_its_schema(
     for sub in subs:
         result = done[sub.request_id]
         assert result.error is None, result.error
+        _completed.append(result.reason is FinishReason.STOP)
         if result.reason is FinishReason.STOP:
             jsonschema.validate(json.loads(text_of(tokenizer, result)), schema)
         else:  # cut off: the output so far is still a prefix the grammar allowed
             assert result.reason is FinishReason.LENGTH and len(result.tokens) == MAX_TOKENS
+
+
+def test_every_completed_output_validates_against_its_schema(
+    engine: EngineCore, tokenizer: Any
+) -> None:
+    """The property over generated schemas, greedy and sampled; and it is not met only by
+    outputs cut off at ``max_tokens``: most outputs complete."""
+    _completed.clear()
+    _outputs_validate(engine, tokenizer)
+    assert sum(_completed) * 2 >= len(_completed), f"completed: {_completed}"

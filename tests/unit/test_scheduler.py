@@ -310,7 +310,7 @@ def test_resumed_request_reuses_its_cached_prefix() -> None:
     engine.scheduler.add_request(r)
     for _ in range(5):
         run_step(engine, clock)
-    engine.scheduler._preempt(StepState(0), r, clock.now())
+    engine.scheduler.preempt(StepState(0), r, clock.now())
     step = run_step(engine, clock)
     (planned,) = step.plan.scheduled
     # 45 known tokens (40 + 5 sampled), 44 computed: 11 full blocks come back from the

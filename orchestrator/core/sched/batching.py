@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from orchestrator.core.config import SchedulerConfig
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.request import Request
+from orchestrator.core.sched.preemption import priority_victim
+from orchestrator.core.sched.queue import RequestQueue
 from orchestrator.core.sched.step import StepState
 
 
@@ -18,26 +23,61 @@ class Mechanisms(Protocol):
     """What a strategy may call on the scheduler (``Scheduler`` provides it); times are
     seconds on the engine clock.
 
-    ``yield_to_waiting``: with priority preemption on, the worst running requests that
-    rank below the best waiting one yield while the batch is full or its first chunk
-    does not fit. ``schedule_running``: decode tokens first, then prefill chunks for
+    ``preempt``: recompute-mode preemption of one running request (its blocks freed, its
+    tokens kept, requeued). ``schedule_running``: decode tokens first, then prefill chunks for
     running requests part-way through their prompt, preempting for KV blocks as needed
     (``step.kv_preempted`` then tells). ``admit_waiting``: waiting requests in policy
     order get a first chunk (their whole prompt with ``whole_prompts``); returns
-    whether any was admitted. ``admit_static_batch``: a batch whose whole-lifetime KV
-    fits, reserved up front.
+    whether any was admitted. ``start_running``: an admitted request joins the running
+    set (the static baseline admits its own batches with it).
     """
+
+    @property
+    def config(self) -> SchedulerConfig: ...
+
+    @property
+    def kv(self) -> KVCacheManager: ...
+
+    @property
+    def waiting(self) -> RequestQueue: ...
 
     @property
     def num_running(self) -> int: ...
 
-    def yield_to_waiting(self, step: StepState, now: float) -> None: ...
+    @property
+    def running(self) -> list[Request]: ...
+
+    @property
+    def preempt_for_priority(self) -> bool: ...
+
+    def preempt(self, step: StepState, request: Request, now: float) -> None: ...
 
     def schedule_running(self, step: StepState, now: float) -> None: ...
 
     def admit_waiting(self, step: StepState, now: float, whole_prompts: bool) -> bool: ...
 
-    def admit_static_batch(self, now: float) -> None: ...
+    def start_running(self, request: Request, now: float) -> None: ...
+
+
+def yield_to_waiting(scheduler: Mechanisms, step: StepState, now: float) -> None:
+    """With priority preemption on, evict the worst running requests that rank below the
+    best waiting one while the batch is full or its first chunk does not fit."""
+    if not scheduler.preempt_for_priority:
+        return
+    candidate = scheduler.waiting.peek()
+    if candidate is None:
+        return
+    config, kv, running = scheduler.config, scheduler.kv, scheduler.running
+    first_chunk = min(candidate.num_tokens, config.chunk_size)
+    while running:
+        batch_full = len(running) >= config.max_batch_size
+        kv_short = kv.blocks_for(first_chunk) > kv.num_free_blocks
+        if not (batch_full or kv_short):
+            return
+        victim = priority_victim(running, candidate, config.max_preemptions)
+        if victim is None:
+            return
+        scheduler.preempt(step, victim, now)
 
 
 class BatchingStrategy(Protocol):
@@ -60,7 +100,7 @@ class ContinuousBatching:
     chunks_prefill = True
 
     def fill(self, scheduler: Mechanisms, step: StepState, now: float) -> None:
-        scheduler.yield_to_waiting(step, now)
+        yield_to_waiting(scheduler, step, now)
         scheduler.schedule_running(step, now)
         if not step.kv_preempted:
             scheduler.admit_waiting(step, now, whole_prompts=False)
@@ -76,7 +116,7 @@ class PrefillFirstBatching:
     def fill(self, scheduler: Mechanisms, step: StepState, now: float) -> None:
         if scheduler.admit_waiting(step, now, whole_prompts=True):
             return
-        scheduler.yield_to_waiting(step, now)
+        yield_to_waiting(scheduler, step, now)
         scheduler.schedule_running(step, now)
         if not step.kv_preempted:
             scheduler.admit_waiting(step, now, whole_prompts=True)
@@ -91,8 +131,27 @@ class StaticBatching:
 
     def fill(self, scheduler: Mechanisms, step: StepState, now: float) -> None:
         if not scheduler.num_running:
-            scheduler.admit_static_batch(now)
+            self._admit_batch(scheduler, now)
         scheduler.schedule_running(step, now)
+
+    @staticmethod
+    def _admit_batch(scheduler: Mechanisms, now: float) -> None:
+        """Admit up to ``max_batch_size`` requests whose whole-lifetime KV fits together."""
+        kv, waiting = scheduler.kv, scheduler.waiting
+        free = kv.num_free_blocks
+        while scheduler.num_running < scheduler.config.max_batch_size:
+            request = waiting.peek()
+            if request is None:
+                break
+            remaining_out = request.sampling.max_tokens - request.num_output_tokens
+            need = kv.blocks_for(request.num_tokens + remaining_out)
+            if need > free:
+                break
+            free -= need
+            waiting.pop()
+            kv.allocate(request, 0, kv.find_cached_prefix(request))
+            request.num_computed_tokens = len(kv.block_table(request.request_id)) * kv.block_size
+            scheduler.start_running(request, now)
 
 
 BATCHING_STRATEGIES: dict[str, type[BatchingStrategy]] = {

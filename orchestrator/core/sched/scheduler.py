@@ -2,17 +2,12 @@
 under a token budget (Sarathi-Serve), priorities with aging, and preemption by
 recompute; docs/architecture.md ("Scheduling, step by step") walks through a step.
 
-The scheduler owns the mechanisms (``batching.Mechanisms``: priority preemption, decode
-first, prefill chunks, admission in policy order, preemption for KV blocks, applying a
-step's result); a batching strategy (``batching.py``) composes them into a step and an
-ordering policy (``ordering.py``) ranks requests. Features with their own state are
-collaborators called through named hooks, each off by default: the admission policy
-(``admission.py``) decides at submission through a read-only view (``view.py``);
-``slo.SloTracker`` gives each request its class, sheds waiting requests whose deadline
-has long passed and keeps the TTFT prediction errors and refusals;
-``slo.slo_step_budget`` shrinks a step's prefill under the tightest running TPOT
-target; ``fair.FairShare`` charges tenants for service and brings its waiting queue;
-``constraints.ConstraintCompiles`` holds constrained requests until their grammar compiled.
+The scheduler owns the mechanisms (``batching.Mechanisms``); a batching strategy
+composes them into a step and an ordering policy ranks requests. Features with state
+of their own are collaborators called through named hooks, each off by default:
+admission (``admission.py``, through the read-only ``view.py``), SLO bookkeeping and
+its step budget (``slo.py``), tenant fair share (``fair.py``) and grammar compiles
+(``constraints.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ from orchestrator.core.sched.batching import BATCHING_STRATEGIES
 from orchestrator.core.sched.constraints import INVALID_CONSTRAINT, ConstraintCompiles
 from orchestrator.core.sched.fair import FairShare
 from orchestrator.core.sched.ordering import make_ordering
-from orchestrator.core.sched.preemption import kv_victim, priority_victim
+from orchestrator.core.sched.preemption import kv_victim
 from orchestrator.core.sched.queue import RequestQueue
 from orchestrator.core.sched.slo import ArrivalRate, SloTracker, slo_step_budget
 from orchestrator.core.sched.step import Outbox, StepState, error_output
@@ -225,32 +220,11 @@ class Scheduler:
         """Give ``request`` ``n`` tokens, preempting others (or itself) until its blocks fit."""
         while self.kv.allocate(request, n) is None:
             victim = kv_victim(self.running, request, self.config.max_preemptions)
-            self._preempt(step, victim, now)
+            self.preempt(step, victim, now)
             step.kv_preempted = True
             if victim is request:
                 return
         self._add_to_plan(step, request, n)
-
-    def yield_to_waiting(self, step: StepState, now: float) -> None:
-        """Evict the worst running requests that rank below the best waiting one while
-        the batch is full or its first chunk does not fit (when priority preemption is
-        on)."""
-        if not self.preempt_for_priority:
-            return
-        candidate = self.waiting.peek()
-        if candidate is None:
-            return
-        first_chunk = min(candidate.num_tokens, self.config.chunk_size)
-        cap = self.config.max_preemptions
-        while self.running:
-            batch_full = len(self.running) >= self.config.max_batch_size
-            kv_short = self.kv.blocks_for(first_chunk) > self.kv.num_free_blocks
-            if not (batch_full or kv_short):
-                return
-            victim = priority_victim(self.running, candidate, cap)
-            if victim is None:
-                return
-            self._preempt(step, victim, now)
 
     def admit_waiting(self, step: StepState, now: float, whole_prompts: bool) -> bool:
         """Admit waiting requests in policy order with a first chunk each (the whole
@@ -285,32 +259,15 @@ class Scheduler:
                 request.num_cached_prompt_tokens = request.num_computed_tokens
                 if self.fair is not None:
                     self.fair.on_first_admit(request)
-            self._start_running(request, now)
+            self.start_running(request, now)
             self._add_to_plan(step, request, n)
             admitted = True
         for request in deferred:
             self.waiting.push(request)
         return admitted
 
-    def admit_static_batch(self, now: float) -> None:
-        """Admit up to ``max_batch_size`` requests whose whole-lifetime KV fits together."""
-        kv = self.kv
-        free = kv.num_free_blocks
-        while len(self.running) < self.config.max_batch_size:
-            request = self.waiting.peek()
-            if request is None:
-                break
-            remaining_out = request.sampling.max_tokens - request.num_output_tokens
-            need = kv.blocks_for(request.num_tokens + remaining_out)
-            if need > free:
-                break
-            free -= need
-            self.waiting.pop()
-            kv.allocate(request, 0, kv.find_cached_prefix(request))
-            request.num_computed_tokens = len(kv.block_table(request.request_id)) * kv.block_size
-            self._start_running(request, now)
-
-    def _start_running(self, request: Request, now: float) -> None:
+    def start_running(self, request: Request, now: float) -> None:
+        """Move an admitted request into the running set (best first)."""
         request.status = RequestStatus.RUNNING
         if request.first_scheduled_time is None:
             request.first_scheduled_time = now
@@ -331,7 +288,7 @@ class Scheduler:
         )
         step.budget -= n
 
-    def _preempt(self, step: StepState, request: Request, now: float) -> None:
+    def preempt(self, step: StepState, request: Request, now: float) -> None:
         """Recompute-mode preemption: free the blocks, keep the tokens, requeue."""
         self.running.remove(request)
         planned = step.scheduled.pop(request.request_id, None)
