@@ -172,6 +172,14 @@ class TorchExecutor:
         log.info("torch executor dtype %s (%s)", name, why)
         dtype = getattr(torch, name)
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
+        block_size = engine.cache.block_size
+        per_block = PagedKVCache.bytes_per_block(weights.args, block_size, dtype)
+        num_blocks = options.kv_cache_bytes // per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_gib={options.kv_cache_gib} holds no block of {block_size} tokens "
+                f"({per_block} bytes each in {name})"
+            )
         grammar = None
         if options.constraints:
             import importlib.util
@@ -183,19 +191,18 @@ class TorchExecutor:
                 )
             from plugins.torch_executor import grammar as llg
 
-            text = llg.tokenizer_json(engine.model, options.cache_path)
+            try:
+                text = llg.tokenizer_json(engine.model, options.cache_path)
+            except (OSError, ValueError) as err:
+                raise ValueError(
+                    f"executor.constraints is true but the model's tokenizer cannot be read "
+                    f"for llguidance ({err}); give the model a tokenizer.json or set "
+                    "executor.constraints: false"
+                ) from err
             tokenizer = llg.load_tokenizer(
                 text, weights.args.vocab_size, weights.args.eos_token_ids
             )
             grammar = llg.GrammarBackend(tokenizer)
-        block_size = engine.cache.block_size
-        per_block = PagedKVCache.bytes_per_block(weights.args, block_size, dtype)
-        num_blocks = options.kv_cache_bytes // per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"kv_cache_gib={options.kv_cache_gib} holds no block of {block_size} tokens "
-                f"({per_block} bytes each in {name})"
-            )
         return cls(
             weights,
             block_size=block_size,

@@ -1,6 +1,6 @@
 """Test doubles for constrained requests: a byte-level tokenizer (so a fake engine can
-write any text, JSON and tool calls included), and an engine core that keeps the
-engine side's contract for constraints:
+write any text, JSON and tool calls included), and the real engine core over a scripted
+executor, so the gateway meets the engine's contract for constraints:
 
 1. an executor that cannot enforce constraints makes the engine refuse a constrained
    submission with ``AdmissionError`` naming the field (``enforces=False``);
@@ -17,22 +17,23 @@ its tests do.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from orchestrator.core import (
-    AdmissionError,
+    ConstraintError,
     ConstraintKind,
     ConstraintSpec,
-    FinishReason,
+    SchedulerConfig,
     WallClock,
 )
-from orchestrator.core.engine import EngineCore, EngineStep
-from orchestrator.core.output import RequestOutput, SchedulerOutput, StepResult
+from orchestrator.core.engine import EngineCore
+from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.output import SchedulerOutput, StepResult
 from orchestrator.core.request import Submission
-from tests.factories import make_scheduler
+from orchestrator.core.sched.constraints import ConstraintCompiles
+from orchestrator.core.sched.scheduler import Scheduler
 from tests.fakes import FakeExecutor
 
 BYTE_EOS = 256
@@ -72,12 +73,20 @@ class ByteTokenizer:
 
 class ScriptedExecutor(FakeExecutor):
     """Samples each request's script, byte by byte, then end-of-sequence; a request
-    without a script gets ``b"x"`` forever."""
+    without a script gets ``b"x"`` forever. As a ``ConstraintBackend`` it "compiles" a
+    spec by asking ``compile_error``: a message is raised as the compile's failure."""
 
-    def __init__(self) -> None:
+    def __init__(self, compile_error: Callable[[ConstraintSpec], str | None]) -> None:
         super().__init__(num_blocks=512, block_size=16, step_time_s=0.001)
         self.scripts: dict[str, bytes] = {}
         self.prompt_len: dict[str, int] = {}
+        self._compile_error = compile_error
+
+    def compile_constraint(self, spec: ConstraintSpec) -> object:
+        error = self._compile_error(spec)
+        if error is not None:
+            raise ConstraintError(error)
+        return spec
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         result = super().execute(plan)
@@ -98,10 +107,11 @@ Script = Callable[[Submission], str | None]
 
 
 class ConstrainedCore(EngineCore):
-    """An ``EngineCore`` over ``ScriptedExecutor`` keeping the constraint contract
-    (module docstring). ``script(submission)`` is the text a request writes;
-    ``compile_error(spec)`` is the engine's message for a spec that fails to compile,
-    or ``None``. ``submissions`` records what the gateway submitted."""
+    """A real ``EngineCore`` (its constraint state and compile path included) over
+    ``ScriptedExecutor``. ``script(submission)`` is the text a request writes;
+    ``compile_error(spec)`` is the backend's message for a spec that fails to compile,
+    or ``None``; with ``enforces=False`` the executor claims no constraint kind.
+    ``submissions`` records what the gateway submitted."""
 
     def __init__(
         self,
@@ -109,51 +119,25 @@ class ConstrainedCore(EngineCore):
         compile_error: Callable[[ConstraintSpec], str | None] = lambda spec: None,
         enforces: bool = True,
     ) -> None:
-        self.executor_fake = ScriptedExecutor()
-        scheduler = make_scheduler(num_blocks=512, block_size=16, max_model_len=4096)
+        self.executor_fake = ScriptedExecutor(compile_error)
+        config = SchedulerConfig()
+        kinds = frozenset(ConstraintKind) if enforces else frozenset()
+        backend = self.executor_fake if enforces else None
+        constraints = ConstraintCompiles(config.constraints, backend, kinds)
+        kv = KVCacheManager(512, 16, True)
+        scheduler = Scheduler(config, kv, 4096, None, constraints)
         super().__init__(scheduler, self.executor_fake, WallClock())
         self._script = script
-        self._compile_error = compile_error
-        self._enforces = enforces
-        self._failed: list[RequestOutput] = []
         self.submissions: list[Submission] = []
 
     def add_request(self, submission: Submission) -> float | None:
-        spec = submission.constraint
-        if spec is not None and not self._enforces:
-            raise AdmissionError(
-                f"{spec.source}: this executor cannot enforce output constraints",
-                param=spec.source,
-            )
-        self.submissions.append(submission)
-        if spec is not None and (error := self._compile_error(spec)) is not None:
-            self._failed.append(
-                RequestOutput(
-                    submission.request_id,
-                    (),
-                    (),
-                    True,
-                    FinishReason.ERROR,
-                    len(submission.prompt_token_ids),
-                    0,
-                    error=error,
-                    error_code="invalid_constraint",
-                )
-            )
-            return None
         text = self._script(submission)
         if text is not None:
             self.executor_fake.scripts[submission.request_id] = text.encode()
         self.executor_fake.prompt_len[submission.request_id] = len(submission.prompt_token_ids)
-        return super().add_request(submission)
-
-    def has_work(self) -> bool:
-        return bool(self._failed) or super().has_work()
-
-    def step(self) -> EngineStep:
-        failed, self._failed = self._failed, []
-        step = super().step()
-        return dataclasses.replace(step, outputs=[*failed, *step.outputs]) if failed else step
+        predicted = super().add_request(submission)
+        self.submissions.append(submission)
+        return predicted
 
 
 def grammar_accepts(spec: ConstraintSpec, text: str) -> bool:

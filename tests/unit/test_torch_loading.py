@@ -53,7 +53,13 @@ def engine_config(folder: Path, tmp_path: Path, **options: Any) -> EngineConfig:
         {
             "model": {"source": str(folder)},
             "cache": {"block_size": 8},
-            "executor": {"type": "torch", "cache_dir": str(tmp_path / "cache"), **options},
+            # The tiny model has no tokenizer, which constrained decoding needs.
+            "executor": {
+                "type": "torch",
+                "cache_dir": str(tmp_path / "cache"),
+                "constraints": False,
+                **options,
+            },
         }
     )
 
@@ -186,3 +192,14 @@ def test_failed_dequantisation_leaves_no_cache(
     with pytest.raises(OSError, match="disk full"):
         cached_gguf_folder(ResolvedSource(tmp_path, gguf.name), tmp_path / "cache")
     assert list((tmp_path / "cache" / "torch_executor").iterdir()) == []
+
+
+def test_constraints_on_a_model_without_a_tokenizer_is_a_clear_start_up_error(
+    tmp_path: Path,
+) -> None:
+    folder = write_tiny_llama(tmp_path / "tiny")
+    config = engine_config(folder, tmp_path, constraints=True)
+    with pytest.raises(
+        ValueError, match=r"(?s)tokenizer cannot be read .* executor.constraints: false"
+    ):
+        TorchExecutor.from_config(config.executor.options, config)
