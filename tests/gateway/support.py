@@ -14,9 +14,11 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
+from orchestrator.core import ConstraintKind, ConstraintSpec
 from orchestrator.core.clock import WallClock
 from orchestrator.core.engine import EngineCore
 from orchestrator.core.output import SchedulerOutput, StepResult, TokenLogprobs
+from orchestrator.core.sched.constraints import ConstraintCompiles
 from orchestrator.gateway.app import create_app
 from orchestrator.gateway.config import ServeConfig
 from orchestrator.gateway.lifecycle import LoadedModel, Loader
@@ -97,11 +99,27 @@ def fake_config(**server: Any) -> ServeConfig:
     )
 
 
+class AcceptingExecutor(TimedExecutor):
+    """A ``TimedExecutor`` that claims every constraint kind and accepts any spec (its
+    tokens obey none: for tests of the API's statuses and shapes, not of the mask)."""
+
+    def compile_constraint(self, spec: ConstraintSpec) -> object:
+        return spec
+
+
 def fake_core(
-    step_time_s: float = 0.002, num_blocks: int = 64, **scheduler: Any
+    step_time_s: float = 0.002,
+    num_blocks: int = 64,
+    accept_constraints: bool = False,
+    **scheduler: Any,
 ) -> tuple[EngineCore, TimedExecutor]:
-    executor = TimedExecutor(num_blocks=num_blocks, block_size=16, step_time_s=step_time_s)
+    """An engine over a timed fake executor; with ``accept_constraints`` constrained
+    requests are admitted (through the core's compile path) instead of refused."""
+    kind = AcceptingExecutor if accept_constraints else TimedExecutor
+    executor = kind(num_blocks=num_blocks, block_size=16, step_time_s=step_time_s)
     sched = make_scheduler(num_blocks=num_blocks, block_size=16, max_model_len=256, **scheduler)
+    if accept_constraints:
+        sched.constraints = ConstraintCompiles(sched.config.constraints, executor, ConstraintKind)
     return EngineCore(sched, executor, WallClock()), executor
 
 

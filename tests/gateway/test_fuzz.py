@@ -43,7 +43,9 @@ CHECKS = [
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, EngineCore]]:
     # Steps of half a millisecond: a choice that fills the 256-token context is quick.
-    core, _ = fake_core(step_time_s=0.0005)
+    # Constrained requests are admitted, so generated ones with response_format or
+    # forced tool calls reach generation as on a server whose executor enforces them.
+    core, _ = fake_core(step_time_s=0.0005, accept_constraints=True)
     with running_server(fake_config(), fake_loader(core)) as (base, _):
         yield base, core
 
