@@ -44,7 +44,7 @@ from plugins.torch_executor.cpu_features import CpuFeatures
 # Bump to force a rebuild when the calling convention changes without a source change.
 ABI_VERSION = 2
 SOURCE_DIR = Path(__file__).parent / "csrc"
-HEADERS = ("vec.h",)
+HEADERS = ("vec.h", "ops.h")
 COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 ISA_ENV = "ORCHESTRATOR_CPU_ISA"
 PREBUILT_ENV = "ORCHESTRATOR_KERNELS_DIR"
@@ -88,7 +88,7 @@ VARIANTS: tuple[Variant, ...] = (
             "-mamx-bf16",
             "-mprefer-vector-width=512",
         ),
-        ("kernels.cpp", "tile_linear.cpp"),
+        ("kernels.cpp", "stack.cpp", "tile_linear.cpp"),
         lambda f: f.x86_64_v4 and f.avx512_vnni and f.avx512_bf16 and f.amx_tile and f.amx_bf16,
         None,
         has_tiles=True,
@@ -96,7 +96,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "avx512",
         ("-march=x86-64-v4", "-mprefer-vector-width=512"),
-        ("kernels.cpp",),
+        ("kernels.cpp", "stack.cpp"),
         lambda f: f.x86_64_v4,
         CpuFeatures(
             avx2=True,
@@ -111,11 +111,11 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "avx2",
         ("-march=x86-64-v3",),
-        ("kernels.cpp",),
+        ("kernels.cpp", "stack.cpp"),
         lambda f: f.x86_64_v3,
         CpuFeatures(avx2=True, fma=True, f16c=True),
     ),
-    Variant("portable", (), ("kernels.cpp",), lambda f: True, CpuFeatures()),
+    Variant("portable", (), ("kernels.cpp", "stack.cpp"), lambda f: True, CpuFeatures()),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 

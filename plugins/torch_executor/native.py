@@ -63,6 +63,18 @@ _COMPACT_SIGNATURES: dict[str, list[type]] = {
     "linear_int8_f32": [_P] * 5 + [_I] * 3 + [ctypes.c_int],
     "linear_bf16w_f32": [_P] * 4 + [_I] * 3 + [ctypes.c_int],
 }
+# Every layer of a small float32 step over compact weights (stack.cpp, stack.py): layer
+# addresses, num_layers, h, n, hidden, heads, kv_heads, head_dim, inter, eps, positions,
+# cos, sin, slots, tables, seqs, lens, num_blocks, block_size, max_blocks, max_len, scale,
+# threads.
+_STACK_SIGNATURE: list[type] = (
+    [_P, _I, _P]
+    + [_I] * 6
+    + [ctypes.c_float]
+    + [_P] * 7
+    + [_I] * 4
+    + [ctypes.c_float, ctypes.c_int]
+)
 # bfloat16 only, and only in the amx variant, where the process may use AMX.
 _TILE_LINEAR_SIGNATURE: list[type] = [_P] * 4 + [_I] * 3 + [ctypes.c_int]
 
@@ -270,6 +282,7 @@ def _bind(lib: ctypes.CDLL, variant: kernel_build.Variant) -> Kernels:
     for name, argtypes in _COMPACT_SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, None
+    lib.decode_stack_f32.argtypes, lib.decode_stack_f32.restype = _STACK_SIGNATURE, None
     tiles = False
     if variant.has_tiles:
         lib.tile_linear_bf16.argtypes, lib.tile_linear_bf16.restype = _TILE_LINEAR_SIGNATURE, None

@@ -22,6 +22,7 @@ from plugins.torch_executor.paged import (
     build_step,
 )
 from plugins.torch_executor.sampler import Sampler, SampleRow
+from plugins.torch_executor.stack import DecodeStack
 from plugins.torch_executor.weights import LlamaWeights
 
 
@@ -90,6 +91,8 @@ class ModelRunner:
         self.weights_format = weights_format
         self.ops: Ops = TORCH_OPS if self.kernels is None else self.kernels.ops(weights_format)
         self._build_layouts(tiles=self.kernels is not None and self.kernels.has_tile_linear)
+        # Small steps run every layer in one kernel call where it can (stack.py).
+        self.stack = DecodeStack.for_model(self.kernels, weights, self.cache, weights_format)
         # The torch-op attention handles one query per sequence; the kernel any few.
         self.kernel_max_rows = 1 if self.kernels is None else KERNEL_MAX_ROWS
         self.graphs = (
@@ -185,9 +188,12 @@ class ModelRunner:
             self.kernel_max_rows,
             self.device,
         )
-        attention = PagedAttention(self.cache, step, self.args, self.rope, self.kernels)
         tokens = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
-        hidden = forward_hidden(self.weights, tokens, attention, self.ops)
+        if self.stack is not None and self.stack.runs(step):
+            hidden = self.stack(self.weights.embed[tokens], step, self.rope.cos, self.rope.sin)
+        else:
+            attention = PagedAttention(self.cache, step, self.args, self.rope, self.kernels)
+            hidden = forward_hidden(self.weights, tokens, attention, self.ops)
         if not ids:
             return StepLogits([], torch.empty(0, self.args.vocab_size))
         last_rows = [

@@ -166,6 +166,55 @@ def test_paged_attention_equals_dense_attention(
             assert torch.equal(values.transpose(0, 1), v)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_few_rows_split_their_keys_across_threads_and_still_equal_dense_attention(
+    kernels: Kernels, head_dim: int, threads: int
+) -> None:
+    """One or two decode rows have fewer (row, KV head) pairs than threads have work for,
+    so the vectorised kernel (head_dim 64) splits each row's keys into ranges and merges
+    the parts; lengths cover one key, a block's edges and many blocks."""
+    args = dataclasses.replace(ARGS, head_dim=head_dim, num_heads=6, num_kv_heads=2)
+    torch.manual_seed(3)
+    rng = random.Random(3)
+    cache = PagedKVCache(args, 64, 16, torch.float32)
+    rope = RotaryTable(args, 300, torch.float32)
+    width = (args.num_heads + 2 * args.num_kv_heads) * head_dim
+    nq, nkv = args.num_heads * head_dim, args.num_kv_heads * head_dim
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for lengths in ([1], [16], [17], [100, 33], [257]):
+            free = list(range(64))
+            rng.shuffle(free)
+            tables = [[free.pop() for _ in range(-(-n // 16))] for n in lengths]
+            qkv = [torch.randn(n, width) for n in lengths]
+            # Fill each context, then decode its last token.
+            prefill = [SequenceSlice(0, n - 1, 0, t) for n, t in zip(lengths, tables, strict=True)]
+            for sl, x in zip(prefill, qkv, strict=True):
+                if sl.num_rows:
+                    fill = build_step([sl], 16, rope, cache.scratch_block, 0)
+                    PagedAttention(cache, fill, args, rope, kernels)(0, x[:-1])
+            decodes = [
+                SequenceSlice(i, 1, n - 1, t)
+                for i, (n, t) in enumerate(zip(lengths, tables, strict=True))
+            ]
+            step = build_step(decodes, 16, rope, cache.scratch_block, 16)
+            out = PagedAttention(cache, step, args, rope, kernels)(
+                0, torch.cat([x[-1:] for x in qkv])
+            )
+            for i, (n, x) in enumerate(zip(lengths, qkv, strict=True)):
+                pos = torch.arange(n)
+                cos, sin = rope.cos[pos].unsqueeze(1), rope.sin[pos].unsqueeze(1)
+                q = rotate(x[:, :nq].view(n, args.num_heads, -1), cos, sin)
+                k = rotate(x[:, nq : nq + nkv].view(n, args.num_kv_heads, -1), cos, sin)
+                v = x[:, nq + nkv :].view(n, args.num_kv_heads, -1)
+                expected = dense_reference(q[-1:], k, v, n - 1)
+                assert torch.allclose(out[i : i + 1], expected, atol=1e-5), (lengths, i)
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("head_dim", [16, 64])
 def test_bfloat16_kernel_attention_stays_close_to_float32(kernels: Kernels, head_dim: int) -> None:
     """The bfloat16 kernels (head_dim 64: the vectorised attention, 16: the general one)

@@ -1,0 +1,123 @@
+"""The decode stack (every layer in one kernel call) against the same kernels run one op
+at a time: the same logits bit for bit, on every variant this CPU runs, both compact
+formats, both attention paths (vectorised at head_dim 64, general at 16), one and two
+threads; and it stays out of the steps it does not cover."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.request import SamplingParams
+from plugins.torch_executor.compact import WeightFormat
+from plugins.torch_executor.kernel_build import VARIANT_NAMES
+from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
+from plugins.torch_executor.paged import StepBatch
+from plugins.torch_executor.runner import ModelRunner
+from plugins.torch_executor.stack import DecodeStack
+from plugins.torch_executor.weights import LlamaWeights, load_folder
+from tests.e2e.models import write_tiny_llama
+from tests.unit.test_torch_paged import variant_kernels
+
+GREEDY = SamplingParams(temperature=0)
+BLOCK = 16
+# Whole blocks of 16 outputs and groups of 64 inputs everywhere, so both formats apply.
+SHAPES = {
+    # 3 query heads per KV head at head_dim 64, as SmolLM2: the vectorised attention.
+    "hd64": {"hidden_size": 192, "num_attention_heads": 3, "num_key_value_heads": 1,
+             "head_dim": 64, "intermediate_size": 128},
+    "hd16": {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "intermediate_size": 128},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=VARIANT_NAMES)
+def kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Kernels:
+    return variant_kernels(request.param, Path(tmp_path_factory.mktemp("kernels")))
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny"), **SHAPES[request.param])
+
+
+@pytest.fixture(scope="module")
+def weights(folder: Path) -> LlamaWeights:
+    return load_folder(folder, torch.float32)
+
+
+class Counted:
+    """A ``DecodeStack`` that counts the steps it ran."""
+
+    def __init__(self, stack: DecodeStack) -> None:
+        self.stack, self.calls = stack, 0
+
+    def runs(self, step: StepBatch) -> bool:
+        return self.stack.runs(step)
+
+    def __call__(self, *args: torch.Tensor | StepBatch) -> torch.Tensor:
+        self.calls += 1
+        return self.stack(*args)  # type: ignore[arg-type]
+
+
+def runner(weights: LlamaWeights, kernels: Kernels, fmt: WeightFormat) -> ModelRunner:
+    return ModelRunner(
+        weights, 64, BLOCK, 256, torch.Generator().manual_seed(0), kernels, weights_format=fmt
+    )
+
+
+# (request, start, stop) per step: small chunks from 0 and mid-sequence, decodes at
+# lengths across block edges; the third and last steps are too long for the stack.
+STEPS = [
+    [("a", 0, 9), ("b", 0, 3)],
+    [("a", 9, 16), ("b", 3, 4), ("c", 0, 1)],
+    [("c", 1, 40)],
+    [("a", 16, 17), ("b", 4, 5), ("c", 40, 41)],
+    [("a", 17, 18)],
+    [("a", 18, 18 + COMPACT_MAX_ROWS + 1)],
+    [("a", 35, 36), ("b", 5, 6), ("c", 41, 42)],
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.BFLOAT16])
+def test_the_stack_gives_the_op_by_op_logits_bit_for_bit(
+    kernels: Kernels, weights: LlamaWeights, fmt: WeightFormat, threads: int
+) -> None:
+    stacked, op_by_op = runner(weights, kernels, fmt), runner(weights, kernels, fmt)
+    assert stacked.stack is not None
+    counted = Counted(stacked.stack)
+    stacked.stack = counted  # type: ignore[assignment]
+    op_by_op.stack = None
+    rng = random.Random(1)
+    sequences = {r: [rng.randrange(101) for _ in range(64)] for r in "abc"}
+    tables = {r: list(range(20 * i, 20 * i + 4)) for i, r in enumerate("abc")}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for step in STEPS:
+            plan = SchedulerOutput(
+                [ScheduledRequest(r, sequences[r][a:b], a, tables[r], True, GREEDY)
+                 for r, a, b in step]
+            )  # fmt: skip
+            got, expected = stacked.logits(plan), op_by_op.logits(plan)
+            assert got.request_ids == expected.request_ids
+            assert torch.equal(got.logits, expected.logits), step
+    finally:
+        torch.set_num_threads(previous)
+    assert counted.calls == len(STEPS) - 2, "every step but the two long ones ran stacked"
+
+
+def test_the_stack_needs_compact_float32_weights(
+    kernels: Kernels, folder: Path, weights: LlamaWeights
+) -> None:
+    assert runner(weights, kernels, WeightFormat.DENSE).stack is None
+    bf16 = ModelRunner(
+        load_folder(folder, torch.bfloat16), 8, BLOCK, 64, torch.Generator(), kernels
+    )
+    assert bf16.stack is None
+    assert DecodeStack.for_model(None, weights, bf16.cache, WeightFormat.INT8) is None
