@@ -463,21 +463,34 @@ def test_load_release_refuses_an_unchecked_release_before_touching_anything() ->
 
 
 @pytest.mark.parametrize(
-    ("dist", "overlap_off", "match"),
+    ("dist", "executor", "match"),
     [
-        ({"tp_size": 2, "pp_size": 1}, True, "one tensor- and pipeline-parallel rank"),
-        ({"tp_size": 1, "pp_size": 2}, True, "one tensor- and pipeline-parallel rank"),
-        ({"tp_size": 1, "pp_size": 1}, False, "overlap scheduler off"),
+        ({"tp_size": 1, "pp_size": 2}, {}, "one pipeline-parallel rank .*pp_size 2"),
+        ({"tp_size": 2, "pp_size": 2}, {}, "one pipeline-parallel rank"),
+        ({"tp_size": 2, "pp_size": 1, "cp_size": 2}, {}, "one context-parallel rank"),
+        ({"tp_size": 2, "pp_size": 1}, {"enable_attention_dp": True}, "attention data par"),
+        ({"tp_size": 1, "pp_size": 1}, {"disable_overlap_scheduler": False}, "overlap sched"),
     ],
 )
 def test_an_executor_the_adapter_cannot_schedule_is_refused_at_start(
-    dist: dict[str, int], overlap_off: bool, match: str
+    dist: dict[str, int], executor: dict[str, bool], match: str
 ) -> None:
     py_executor = pytypes.SimpleNamespace(
-        dist=pytypes.SimpleNamespace(**dist), disable_overlap_scheduler=overlap_off
+        dist=pytypes.SimpleNamespace(**dist),
+        **{"disable_overlap_scheduler": True, "enable_attention_dp": False, **executor},
     )
     with pytest.raises(TrtllmError, match=match):
         inst.check_executor(py_executor)
+
+
+@pytest.mark.parametrize("tp_size", [1, 2, 8])
+def test_tensor_parallel_executors_are_accepted(tp_size: int) -> None:
+    py_executor = pytypes.SimpleNamespace(
+        dist=pytypes.SimpleNamespace(tp_size=tp_size, pp_size=1, cp_size=1),
+        disable_overlap_scheduler=True,
+        enable_attention_dp=False,
+    )
+    inst.check_executor(py_executor)  # raises nothing
 
 
 # ---------------------------------------------------------------- check_names, in-executor mode
@@ -507,6 +520,13 @@ def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
     class TorchLlmArgs:
         disable_overlap_scheduler = False
 
+    class Distributed:  # communicator.py at a1cf28f9: properties over its Mapping
+        rank = tp_size = pp_size = cp_size = property(lambda self: 0)
+
+        def broadcast(self, obj: Any, root: int = 0) -> Any: ...
+
+    def worker_main(**kwargs: Any) -> None: ...
+
     modules: dict[str, Any] = {
         "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
         names.IN_EXECUTOR_SCHEDULER_MODULE: pytypes.SimpleNamespace(
@@ -523,6 +543,9 @@ def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
             KVCacheManager=KVCacheManager
         ),
         names.LLM_API_MODULE: pytypes.SimpleNamespace(TorchLlmArgs=TorchLlmArgs),
+        names.IN_EXECUTOR_PROXY_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
+        names.IN_EXECUTOR_WORKER_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
+        names.IN_EXECUTOR_DISTRIBUTED_MODULE: pytypes.SimpleNamespace(Distributed=Distributed),
     }
     modules.update(replaced)
     return modules

@@ -131,11 +131,19 @@ def test_a_checked_release_gets_our_scheduler_before_the_llm_and_facts_per_submi
     assert creator.create_py_executor_instance().scheduler == "SimpleScheduler"  # undone
 
 
-def test_more_than_one_gpu_rank_is_refused_with_the_way_back(tmp_path: Path) -> None:
+def test_tensor_parallel_is_accepted_and_pipeline_parallel_refused_with_the_way_back(
+    tmp_path: Path,
+) -> None:
     root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch", tp=2))
     engine = engine_config(root, scheduling="in_executor")
     options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
-    with pytest.raises(ConfigError, match=r"one GPU rank.*Remove executor\.scheduling"):
+    core = TrtllmLlmApiExecutor.resolve(options, engine).in_executor
+    assert core is not None and core.tensor_parallel_size == 2
+    engine = engine_config(root, scheduling="in_executor", pipeline_parallel_size=2)
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    with pytest.raises(
+        ConfigError, match=r"one pipeline-parallel rank.*Remove executor\.scheduling"
+    ):
         TrtllmLlmApiExecutor.resolve(options, engine)
     front = options.model_copy(update={"scheduling": "front"})
     assert TrtllmLlmApiExecutor.resolve(front, engine).in_executor is None
