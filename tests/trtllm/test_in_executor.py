@@ -17,7 +17,7 @@ from orchestrator.core.config import SchedulerConfig
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, our_priority
-from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.facts import FactsChannel, FactsSource, RequestFacts
 from plugins.trtllm.in_executor.ranks import DistLink
 from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api.translate import llm_priority
@@ -43,7 +43,7 @@ BS = 16
 
 
 def make_loop(
-    num_blocks: int = 64, facts: FactsChannel | None = None, line: str = "1.3", **config: Any
+    num_blocks: int = 64, facts: FactsSource | None = None, line: str = "1.3", **config: Any
 ) -> tuple[FakePyExecutor, CoreRequestScheduler, VirtualClock]:
     trt_kv = FakeKvCacheManager(num_blocks, BS)
     clock = VirtualClock()
@@ -623,3 +623,73 @@ def test_the_slo_budget_shrinks_chunks_inside_the_loop() -> None:
     chunks = [n for d in adapter.history for rid, n in d.context if rid == 2]
     assert sum(chunks) == 1000 and len(chunks) >= 4
     assert max(chunks) <= 200, chunks
+
+
+# ---------------------------------------------------------------- facts from another process
+
+
+class LateFacts:
+    """A facts source whose facts travel apart from the requests (``WorkerLink``'s
+    contract): ``facts_wait_s`` of holding, facts that arrive when ``deliver`` is
+    called."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.facts_wait_s = wait_s
+        self._facts: dict[int, RequestFacts] = {}
+
+    def deliver(self, request_id: int, facts: RequestFacts) -> None:
+        self._facts[request_id] = facts
+
+    def take(self, request_id: int) -> RequestFacts | None:
+        return self._facts.pop(request_id, None)
+
+
+def test_a_request_is_held_until_its_facts_arrive_or_the_bound_passes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    facts = LateFacts(wait_s=0.5)
+    trt_kv = FakeKvCacheManager(32, BS)
+    clock = VirtualClock()
+    adapter = CoreRequestScheduler(
+        loop_engine(SchedulerConfig(policy="priority"), 32, clock),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+        record=True,
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000))
+    loop.submit(FakeLlmRequest(1, list(range(1, 20)), 4))  # its facts come at 0.3 s
+    loop.submit(FakeLlmRequest(2, list(range(1, 20)), 4))  # no facts ever
+    scheduled_at: dict[int, float] = {}
+    for _ in range(100):
+        if clock.now() >= 0.3 and 1 not in scheduled_at:
+            facts.deliver(1, RequestFacts(priority=-4, tenant="late"))
+        out = loop.iterate()
+        for r in [*out.context_requests, *out.generation_requests]:
+            scheduled_at.setdefault(r.py_request_id, clock.now())
+        if clock.now() < 0.3:
+            assert not adapter.scheduler.requests, "held: not in the core"
+            assert trt_kv.num_free == 32, "held: no KV"
+        clock.advance_to(clock.now() + 0.1)
+        if not loop.has_work():
+            break
+    assert 0.3 <= scheduled_at[1] < 0.5, "scheduled once its facts came"
+    assert scheduled_at[2] >= 0.5, "admitted with the defaults after the bound"
+    assert adapter.num_without_facts == 1 and not adapter.awaiting_facts
+    assert sorted(loop.finished) == [1, 2]
+    assert "no facts for request 2 after 0.50 s" in caplog.text
+
+
+def test_a_held_request_cancelled_before_its_facts_is_forgotten() -> None:
+    facts = LateFacts(wait_s=10.0)
+    loop, adapter, _ = make_loop(facts=facts)
+    loop.submit(FakeLlmRequest(5, list(range(1, 10)), 3))
+    loop.submit(FakeLlmRequest(6, list(range(1, 10)), 3))
+    facts.deliver(6, RequestFacts())
+    loop.iterate()
+    assert list(adapter.awaiting_facts) == [5]
+    loop.cancel(5)
+    run(loop)
+    loop.iterate()  # the idle iteration after the last: the adapter learns of the end
+    assert not adapter.awaiting_facts and 5 in loop.finished and 6 in loop.finished
+    assert loop.finished[5].num_generated == 0
