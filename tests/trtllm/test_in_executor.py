@@ -406,17 +406,25 @@ def test_an_interface_other_than_the_one_read_is_refused() -> None:
 
 
 def fake_release_modules(version: str) -> dict[str, Any]:
-    """Module stand-ins with the names load_release reads, shaped as the sources."""
+    """Module stand-ins with the names load_release (and, on more than one rank,
+    workers.reach_workers) reads, shaped as the sources."""
+    from plugins.trtllm import names
 
     class PyExecutor:
-        def __init__(self) -> None:
+        def __init__(self, tp_size: int = 1, rank: int = 0) -> None:
             self.scheduler: Any = "SimpleScheduler"
-            self.dist = pytypes.SimpleNamespace(tp_size=1, pp_size=1)
+            self.dist = pytypes.SimpleNamespace(
+                tp_size=tp_size, pp_size=1, rank=rank, broadcast=FakeDist().broadcast
+            )
             self.disable_overlap_scheduler = True
             kv = FakeKvCacheManager(8, BS)
             self.resource_manager = pytypes.SimpleNamespace(resource_managers={"KV": kv})
 
-    creator = pytypes.SimpleNamespace(create_py_executor_instance=lambda *a, **k: PyExecutor())
+    creator = pytypes.SimpleNamespace(create_py_executor_instance=lambda **k: PyExecutor(**k))
+
+    def worker_main(**kwargs: Any) -> None:  # replaced by each test that reaches workers
+        raise AssertionError("no worker in this test")
+
     return {
         "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
         inst.SCHEDULER_MODULE: pytypes.SimpleNamespace(
@@ -428,6 +436,8 @@ def fake_release_modules(version: str) -> dict[str, Any]:
             ResourceManagerType=pytypes.SimpleNamespace(KV_CACHE_MANAGER="KV")
         ),
         inst.CREATOR_MODULE: creator,
+        names.IN_EXECUTOR_PROXY_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
+        names.IN_EXECUTOR_WORKER_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
     }
 
 

@@ -98,7 +98,7 @@ def scenario() -> Any:
     def submit(batch: list[tuple[int, list[int], int, int | None]]) -> None:
         """As the backend does: generate_async (here a queue put), then the facts."""
         with host.submitting() as staged:
-            for rid, tokens, max_tokens, priority in batch:
+            for rid, tokens, max_tokens, _ in batch:
                 jobs[rid] = (tokens, max_tokens)
                 requests.put(("submit", rid, tokens, max_tokens))
             for rid, _, _, priority in batch:
@@ -174,7 +174,7 @@ def test_both_ranks_decide_the_same_every_iteration_and_produce_the_same_tokens(
     for rid, (tokens, max_tokens) in scenario.jobs.items():
         if rid == REFUSED:
             continue
-        out, generated, state = zero["finished"][rid]
+        out, _, state = zero["finished"][rid]
         assert out[: len(tokens)] == tokens and len(out) == len(tokens) + max_tokens, rid
         assert state == "GENERATION_COMPLETE"
     chunks: dict[int, int] = {}

@@ -21,8 +21,8 @@ from typing import Any
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler
 from plugins.trtllm.in_executor.channel import ChannelHost
-from plugins.trtllm.in_executor.facts import FactsChannel, FactsSubmitter
 from plugins.trtllm.in_executor.factory import scheduler_factory
+from plugins.trtllm.in_executor.facts import FactsChannel, FactsSubmitter
 from plugins.trtllm.in_executor.install import (
     CHECKED_RELEASES,
     OVERLAP_OPTION,

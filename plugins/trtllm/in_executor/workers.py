@@ -42,8 +42,8 @@ from typing import Any
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler
 from plugins.trtllm.in_executor.channel import FACTS_WAIT_S, ChannelAddress, WorkerLink
-from plugins.trtllm.in_executor.facts import FactsSource
 from plugins.trtllm.in_executor.factory import scheduler_factory
+from plugins.trtllm.in_executor.facts import FactsSource
 from plugins.trtllm.in_executor.install import install, load_release
 from plugins.trtllm.in_executor.refusals import RefusalSink
 from plugins.trtllm.llm_api.settings import InExecutorCore

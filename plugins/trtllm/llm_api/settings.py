@@ -226,7 +226,7 @@ def with_scheduling(
     model_len = settings.max_seq_len or engine.model.max_model_len or settings.max_input_len
     assert model_len is not None  # with_model_len always sets max_input_len
     return replace(
-        settings, enable_block_reuse=False, in_executor=InExecutorCore(
-            engine, model_len, settings.tensor_parallel_size
-        ),
+        settings,
+        enable_block_reuse=False,
+        in_executor=InExecutorCore(engine, model_len, settings.tensor_parallel_size),
     )
