@@ -21,8 +21,11 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
   alone talks to the proxy's request queue. Here rank 0 drains ``requests`` (the
   serving process's submissions and cancellations) each iteration and broadcasts what it
   took to the other ranks, so every rank fetches the same requests in the same
-  iteration (TensorRT-LLM's request queue broadcasts rank 0's new requests the same
-  way; ``executor_request_queue.py``, stored copies, not re-read here). Then it runs the
+  iteration, as ``ExecutorRequestQueue._broadcast_new_requests`` does without pipeline
+  stages (``if not self.dist.has_pp: return self.dist.broadcast(payloads, root=0)``,
+  ``tensorrt_llm/_torch/pyexecutor/executor_request_queue.py``, stored copies; the index
+  exposes no commit): the same ``dist.broadcast`` our decision uses, called by every
+  rank in the same order each iteration. Then it runs the
   loop of ``tests/trtllm/fake_pyexecutor.py`` until told to stop, bounded in iterations
   and time, and puts what it observed on ``results``.
 - ``MpiDist``: ``Distributed`` (``tensorrt_llm/_torch/distributed/communicator.py`` at

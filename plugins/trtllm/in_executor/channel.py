@@ -71,7 +71,13 @@ class ChannelHost:
         self.address = ChannelAddress(
             os.path.join(self._dir, "channel.sock"), secrets.token_bytes(32)
         )
-        self._listener = Listener(self.address.path, family=FAMILY, authkey=self.address.authkey)
+        try:
+            self._listener = Listener(
+                self.address.path, family=FAMILY, authkey=self.address.authkey
+            )
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
         self.refusals = RefusalChannel()
         self._lock = threading.Lock()  # guards _conn, _pending and every send
         self._conn: Connection | None = None
@@ -249,10 +255,6 @@ class WorkerLink:
         """The facts that arrived for ``request_id``, removed; ``None`` if none yet."""
         with self._lock:
             return self._facts.pop(request_id, None)
-
-    def forget(self, request_id: int) -> None:
-        with self._lock:
-            self._facts.pop(request_id, None)
 
     def __len__(self) -> int:
         with self._lock:
