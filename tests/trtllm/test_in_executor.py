@@ -671,12 +671,15 @@ def test_a_request_is_held_until_its_facts_arrive_or_the_bound_passes(
     loop.submit(FakeLlmRequest(1, list(range(1, 20)), 4))  # its facts come at 0.3 s
     loop.submit(FakeLlmRequest(2, list(range(1, 20)), 4))  # no facts ever
     scheduled_at: dict[int, float] = {}
+    arrivals: dict[str, float] = {}
     for _ in range(100):
         if clock.now() >= 0.3 and 1 not in scheduled_at:
             facts.deliver(1, RequestFacts(priority=-4, tenant="late"))
         out = loop.iterate()
         for r in [*out.context_requests, *out.generation_requests]:
             scheduled_at.setdefault(r.py_request_id, clock.now())
+        for rid, request in adapter.scheduler.requests.items():
+            arrivals.setdefault(rid, request.arrival_time)
         if clock.now() < 0.3:
             assert not adapter.scheduler.requests, "held: not in the core"
             assert trt_kv.num_free == 32, "held: no KV"
@@ -685,6 +688,7 @@ def test_a_request_is_held_until_its_facts_arrive_or_the_bound_passes(
             break
     assert 0.3 <= scheduled_at[1] < 0.5, "scheduled once its facts came"
     assert scheduled_at[2] >= 0.5, "admitted with the defaults after the bound"
+    assert arrivals["2"] == 0.0, "its TTFT counts from when the loop first saw it"
     assert adapter.num_without_facts == 1 and not adapter.awaiting_facts
     assert sorted(loop.finished) == [1, 2]
     assert "no facts for request 2 after 0.50 s" in caplog.text

@@ -315,9 +315,10 @@ class CoreRequestScheduler:
                 facts = self._facts.take(client_id)
                 if facts is None and self._hold_for_facts(rid, now):
                     continue  # not queued: never scheduled, holds no KV
-                self.awaiting_facts.pop(rid, None)
+            # A request without an arrival of its own arrived when the loop first saw it.
+            seen_at = self.awaiting_facts.pop(rid, now)
             try:
-                self.engine.add_request(self._submission(req, facts, now))
+                self.engine.add_request(self._submission(req, facts, seen_at))
             except (AdmissionError, OverloadedError) as err:
                 self._refuse(rid, client_id, err)
                 continue
@@ -361,7 +362,7 @@ class CoreRequestScheduler:
                 err,
             )
 
-    def _submission(self, req: Any, facts: RequestFacts | None, now: float) -> Submission:
+    def _submission(self, req: Any, facts: RequestFacts | None, seen_at: float) -> Submission:
         if facts is None:
             facts = RequestFacts(priority=our_priority(getattr(req, "priority", None)))
         return Submission(
@@ -370,7 +371,7 @@ class CoreRequestScheduler:
             # No stop ids: TensorRT-LLM's sampler ends requests on theirs.
             SamplingParams(max_tokens=int(req.max_new_tokens), temperature=0),
             priority=facts.priority,
-            arrival_time=facts.arrival_time if facts.arrival_time is not None else now,
+            arrival_time=facts.arrival_time if facts.arrival_time is not None else seen_at,
             slo_class=facts.slo_class,
             tenant=facts.tenant,
         )
