@@ -129,16 +129,37 @@ fi
 LOCAL_MODEL=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['model'])" "$WORK_DIR/references.json")
 
 # ---------------------------------------------------------------- 3. gateway
-cat >"$WORK_DIR/serve.yaml" <<YAML
+# serve_config SCHEDULER SCHEDULING: the gateway's config in LLM-API mode, the one both
+# served steps use. SCHEDULER picks the scheduler section: "priority" (step 3) or "slo"
+# (step 5: our classes, admission and budget); SCHEDULING is executor.scheduling
+# (front, TensorRT-LLM's scheduler under ours, or in_executor).
+serve_config() {
+  local scheduler
+  if [[ $1 == slo ]]; then
+    scheduler="scheduler:
+  policy: slo
+  aging_rate: 1.0
+  max_batch_size: 32
+  max_num_tokens: 4096
+  chunk_size: 512
+  slo_classes:
+    interactive: {ttft_ms: 500, tpot_ms: 80}
+  default_slo_class: interactive
+  admission: {type: slo}
+  slo_budget: {enabled: true}"
+  else
+    scheduler="scheduler:
+  policy: priority
+  max_batch_size: 32
+  max_num_tokens: 4096
+  chunk_size: 2048"
+  fi
+  cat <<YAML
 model:
   name: validate
   source: $LOCAL_MODEL
   max_model_len: 2048
-scheduler:
-  policy: priority
-  max_batch_size: 32
-  max_num_tokens: 4096
-  chunk_size: 2048
+$scheduler
 cache:
   block_size: 32
   enable_prefix_caching: true
@@ -149,10 +170,13 @@ executor:
   max_batch_size: 32
   max_num_tokens: 4096
   kv_cache_free_gpu_memory_fraction: 0.5
+  scheduling: $2
 server:
   host: 127.0.0.1
   port: $PORT
 YAML
+}
+serve_config priority front >"$WORK_DIR/serve.yaml"
 GATEWAY=
 stop_gateway() {
   if [[ -n $GATEWAY ]]; then kill "$GATEWAY" 2>/dev/null || true; wait "$GATEWAY" 2>/dev/null || true; fi
@@ -242,42 +266,8 @@ try:
     release_line(tensorrt_llm.__version__); print(True)
 except Exception:
     print(False)" 2>/dev/null || echo False)
-# The SLO config both served runs use: our scheduler's classes, admission and budget.
-slo_config() {  # slo_config SCHEDULING
-  cat <<YAML
-model:
-  name: validate
-  source: $LOCAL_MODEL
-  max_model_len: 2048
-scheduler:
-  policy: slo
-  aging_rate: 1.0
-  max_batch_size: 32
-  max_num_tokens: 4096
-  chunk_size: 512
-  slo_classes:
-    interactive: {ttft_ms: 500, tpot_ms: 80}
-  default_slo_class: interactive
-  admission: {type: slo}
-  slo_budget: {enabled: true}
-cache:
-  block_size: 32
-  enable_prefix_caching: true
-executor:
-  type: trtllm-llmapi
-  model: $LOCAL_MODEL
-  max_seq_len: 2048
-  max_batch_size: 32
-  max_num_tokens: 4096
-  kv_cache_free_gpu_memory_fraction: 0.5
-  scheduling: $1
-server:
-  host: 127.0.0.1
-  port: $PORT
-YAML
-}
-slo_config front >"$WORK_DIR/serve-slo-front.yaml"
-slo_config in_executor >"$WORK_DIR/serve-slo-in-executor.yaml"
+serve_config slo front >"$WORK_DIR/serve-slo-front.yaml"
+serve_config slo in_executor >"$WORK_DIR/serve-slo-in-executor.yaml"
 # served_bench NAME: the SLO workload against the running gateway, into $WORK_DIR/NAME.
 served_bench() {
   orchestrator bench --url "http://127.0.0.1:$PORT" --model validate --load poisson --rate 8 \

@@ -357,6 +357,13 @@ IN_EXECUTOR_RESOURCE_MANAGER_MODULE = "tensorrt_llm._torch.pyexecutor.resource_m
 IN_EXECUTOR_CREATOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
 IN_EXECUTOR_PY_EXECUTOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor"
 IN_EXECUTOR_FACTORY = "create_py_executor_instance"
+# More than one tensor-parallel rank (in_executor/workers.py): the proxy's module global
+# that it submits to every MPI worker, and TensorRT-LLM's own, which ours calls there.
+IN_EXECUTOR_PROXY_MODULE = "tensorrt_llm.executor.proxy"
+IN_EXECUTOR_WORKER_MODULE = "tensorrt_llm.executor.worker"
+IN_EXECUTOR_WORKER_MAIN = "worker_main"
+# The executor's Distributed (rank 0 decides, the others follow: in_executor/ranks.py).
+IN_EXECUTOR_DISTRIBUTED_MODULE = "tensorrt_llm._torch.distributed"
 
 IN_EXECUTOR_NAMES: tuple[PrivateNames, ...] = (
     PrivateNames(IN_EXECUTOR_SCHEDULER_MODULE, "", ("SchedulerOutput", "RequestScheduler")),
@@ -387,9 +394,22 @@ IN_EXECUTOR_NAMES: tuple[PrivateNames, ...] = (
         IN_EXECUTOR_PY_EXECUTOR_MODULE,
         "PyExecutor",
         (),
-        instance=("scheduler", "resource_manager", "dist", "disable_overlap_scheduler"),
+        instance=(
+            "scheduler",
+            "resource_manager",
+            "dist",
+            "disable_overlap_scheduler",
+            "enable_attention_dp",
+        ),
     ),
     PrivateNames(IN_EXECUTOR_RESOURCE_MANAGER_MODULE, "KVCacheManager", ("get_kv_cache_stats",)),
+    PrivateNames(IN_EXECUTOR_PROXY_MODULE, "", (IN_EXECUTOR_WORKER_MAIN,)),
+    PrivateNames(IN_EXECUTOR_WORKER_MODULE, "", (IN_EXECUTOR_WORKER_MAIN,)),
+    PrivateNames(
+        IN_EXECUTOR_DISTRIBUTED_MODULE,
+        "Distributed",
+        ("rank", "tp_size", "pp_size", "cp_size", "broadcast"),
+    ),
 )
 
 # TorchLlmArgs fields the LLM is built with in this mode only (in_executor/start.py).

@@ -17,7 +17,7 @@ from orchestrator.core.config import SchedulerConfig
 from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, our_priority
-from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.facts import FactsChannel, FactsSource, RequestFacts
 from plugins.trtllm.in_executor.ranks import DistLink
 from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api.translate import llm_priority
@@ -43,7 +43,7 @@ BS = 16
 
 
 def make_loop(
-    num_blocks: int = 64, facts: FactsChannel | None = None, line: str = "1.3", **config: Any
+    num_blocks: int = 64, facts: FactsSource | None = None, line: str = "1.3", **config: Any
 ) -> tuple[FakePyExecutor, CoreRequestScheduler, VirtualClock]:
     trt_kv = FakeKvCacheManager(num_blocks, BS)
     clock = VirtualClock()
@@ -406,17 +406,25 @@ def test_an_interface_other_than_the_one_read_is_refused() -> None:
 
 
 def fake_release_modules(version: str) -> dict[str, Any]:
-    """Module stand-ins with the names load_release reads, shaped as the sources."""
+    """Module stand-ins with the names load_release (and, on more than one rank,
+    workers.reach_workers) reads, shaped as the sources."""
+    from plugins.trtllm import names
 
     class PyExecutor:
-        def __init__(self) -> None:
+        def __init__(self, tp_size: int = 1, rank: int = 0) -> None:
             self.scheduler: Any = "SimpleScheduler"
-            self.dist = pytypes.SimpleNamespace(tp_size=1, pp_size=1)
+            self.dist = pytypes.SimpleNamespace(
+                tp_size=tp_size, pp_size=1, rank=rank, broadcast=FakeDist().broadcast
+            )
             self.disable_overlap_scheduler = True
             kv = FakeKvCacheManager(8, BS)
             self.resource_manager = pytypes.SimpleNamespace(resource_managers={"KV": kv})
 
-    creator = pytypes.SimpleNamespace(create_py_executor_instance=lambda *a, **k: PyExecutor())
+    creator = pytypes.SimpleNamespace(create_py_executor_instance=lambda **k: PyExecutor(**k))
+
+    def worker_main(**kwargs: Any) -> None:  # replaced by each test that reaches workers
+        raise AssertionError("no worker in this test")
+
     return {
         "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
         inst.SCHEDULER_MODULE: pytypes.SimpleNamespace(
@@ -428,6 +436,8 @@ def fake_release_modules(version: str) -> dict[str, Any]:
             ResourceManagerType=pytypes.SimpleNamespace(KV_CACHE_MANAGER="KV")
         ),
         inst.CREATOR_MODULE: creator,
+        names.IN_EXECUTOR_PROXY_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
+        names.IN_EXECUTOR_WORKER_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
     }
 
 
@@ -463,21 +473,34 @@ def test_load_release_refuses_an_unchecked_release_before_touching_anything() ->
 
 
 @pytest.mark.parametrize(
-    ("dist", "overlap_off", "match"),
+    ("dist", "executor", "match"),
     [
-        ({"tp_size": 2, "pp_size": 1}, True, "one tensor- and pipeline-parallel rank"),
-        ({"tp_size": 1, "pp_size": 2}, True, "one tensor- and pipeline-parallel rank"),
-        ({"tp_size": 1, "pp_size": 1}, False, "overlap scheduler off"),
+        ({"tp_size": 1, "pp_size": 2}, {}, "one pipeline-parallel rank .*pp_size 2"),
+        ({"tp_size": 2, "pp_size": 2}, {}, "one pipeline-parallel rank"),
+        ({"tp_size": 2, "pp_size": 1, "cp_size": 2}, {}, "one context-parallel rank"),
+        ({"tp_size": 2, "pp_size": 1}, {"enable_attention_dp": True}, "attention data par"),
+        ({"tp_size": 1, "pp_size": 1}, {"disable_overlap_scheduler": False}, "overlap sched"),
     ],
 )
 def test_an_executor_the_adapter_cannot_schedule_is_refused_at_start(
-    dist: dict[str, int], overlap_off: bool, match: str
+    dist: dict[str, int], executor: dict[str, bool], match: str
 ) -> None:
     py_executor = pytypes.SimpleNamespace(
-        dist=pytypes.SimpleNamespace(**dist), disable_overlap_scheduler=overlap_off
+        dist=pytypes.SimpleNamespace(**dist),
+        **{"disable_overlap_scheduler": True, "enable_attention_dp": False, **executor},
     )
     with pytest.raises(TrtllmError, match=match):
         inst.check_executor(py_executor)
+
+
+@pytest.mark.parametrize("tp_size", [1, 2, 8])
+def test_tensor_parallel_executors_are_accepted(tp_size: int) -> None:
+    py_executor = pytypes.SimpleNamespace(
+        dist=pytypes.SimpleNamespace(tp_size=tp_size, pp_size=1, cp_size=1),
+        disable_overlap_scheduler=True,
+        enable_attention_dp=False,
+    )
+    inst.check_executor(py_executor)  # raises nothing
 
 
 # ---------------------------------------------------------------- check_names, in-executor mode
@@ -507,6 +530,13 @@ def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
     class TorchLlmArgs:
         disable_overlap_scheduler = False
 
+    class Distributed:  # communicator.py at a1cf28f9: properties over its Mapping
+        rank = tp_size = pp_size = cp_size = property(lambda self: 0)
+
+        def broadcast(self, obj: Any, root: int = 0) -> Any: ...
+
+    def worker_main(**kwargs: Any) -> None: ...
+
     modules: dict[str, Any] = {
         "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
         names.IN_EXECUTOR_SCHEDULER_MODULE: pytypes.SimpleNamespace(
@@ -523,6 +553,9 @@ def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
             KVCacheManager=KVCacheManager
         ),
         names.LLM_API_MODULE: pytypes.SimpleNamespace(TorchLlmArgs=TorchLlmArgs),
+        names.IN_EXECUTOR_PROXY_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
+        names.IN_EXECUTOR_WORKER_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
+        names.IN_EXECUTOR_DISTRIBUTED_MODULE: pytypes.SimpleNamespace(Distributed=Distributed),
     }
     modules.update(replaced)
     return modules
@@ -600,3 +633,77 @@ def test_the_slo_budget_shrinks_chunks_inside_the_loop() -> None:
     chunks = [n for d in adapter.history for rid, n in d.context if rid == 2]
     assert sum(chunks) == 1000 and len(chunks) >= 4
     assert max(chunks) <= 200, chunks
+
+
+# ---------------------------------------------------------------- facts from another process
+
+
+class LateFacts:
+    """A facts source whose facts travel apart from the requests (``WorkerLink``'s
+    contract): ``facts_wait_s`` of holding, facts that arrive when ``deliver`` is
+    called."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.facts_wait_s = wait_s
+        self._facts: dict[int, RequestFacts] = {}
+
+    def deliver(self, request_id: int, facts: RequestFacts) -> None:
+        self._facts[request_id] = facts
+
+    def take(self, request_id: int) -> RequestFacts | None:
+        return self._facts.pop(request_id, None)
+
+
+def test_a_request_is_held_until_its_facts_arrive_or_the_bound_passes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    facts = LateFacts(wait_s=0.5)
+    trt_kv = FakeKvCacheManager(32, BS)
+    clock = VirtualClock()
+    adapter = CoreRequestScheduler(
+        loop_engine(SchedulerConfig(policy="priority"), 32, clock),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+        record=True,
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000))
+    loop.submit(FakeLlmRequest(1, list(range(1, 20)), 4))  # its facts come at 0.3 s
+    loop.submit(FakeLlmRequest(2, list(range(1, 20)), 4))  # no facts ever
+    scheduled_at: dict[int, float] = {}
+    arrivals: dict[str, float] = {}
+    for _ in range(100):
+        if clock.now() >= 0.3 and 1 not in scheduled_at:
+            facts.deliver(1, RequestFacts(priority=-4, tenant="late"))
+        out = loop.iterate()
+        for r in [*out.context_requests, *out.generation_requests]:
+            scheduled_at.setdefault(r.py_request_id, clock.now())
+        for rid, request in adapter.scheduler.requests.items():
+            arrivals.setdefault(rid, request.arrival_time)
+        if clock.now() < 0.3:
+            assert not adapter.scheduler.requests, "held: not in the core"
+            assert trt_kv.num_free == 32, "held: no KV"
+        clock.advance_to(clock.now() + 0.1)
+        if not loop.has_work():
+            break
+    assert 0.3 <= scheduled_at[1] < 0.5, "scheduled once its facts came"
+    assert scheduled_at[2] >= 0.5, "admitted with the defaults after the bound"
+    assert arrivals["2"] == 0.0, "its TTFT counts from when the loop first saw it"
+    assert adapter.num_without_facts == 1 and not adapter.awaiting_facts
+    assert sorted(loop.finished) == [1, 2]
+    assert "no facts for request 2 after 0.50 s" in caplog.text
+
+
+def test_a_held_request_cancelled_before_its_facts_is_forgotten() -> None:
+    facts = LateFacts(wait_s=10.0)
+    loop, adapter, _ = make_loop(facts=facts)
+    loop.submit(FakeLlmRequest(5, list(range(1, 10)), 3))
+    loop.submit(FakeLlmRequest(6, list(range(1, 10)), 3))
+    facts.deliver(6, RequestFacts())
+    loop.iterate()
+    assert list(adapter.awaiting_facts) == [5]
+    loop.cancel(5)
+    run(loop)
+    loop.iterate()  # the idle iteration after the last: the adapter learns of the end
+    assert not adapter.awaiting_facts and 5 in loop.finished and 6 in loop.finished
+    assert loop.finished[5].num_generated == 0

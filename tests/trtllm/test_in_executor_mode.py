@@ -4,6 +4,7 @@ adds, the facts each submission registers, and switching back."""
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import threading
@@ -16,7 +17,7 @@ import pytest
 
 from orchestrator.core import ConfigError, EngineConfig
 from orchestrator.core.request import SamplingParams
-from plugins.trtllm import TrtllmError
+from plugins.trtllm import TrtllmError, names
 from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.facts import RequestFacts
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
@@ -63,14 +64,16 @@ def start(
     calls: LlmCalls,
     monkeypatch: pytest.MonkeyPatch,
     build: FakeBuild | None = None,
+    llmapi_for: Any = None,
+    modules: dict[str, Any] | None = None,
     **options: Any,
 ) -> Any:
     root = write_build(tmp_path / "pytorch", build or FakeBuild(backend="pytorch"))
     engine = engine_config(root, scheduling="in_executor", **options)
-    modules = fake_release_modules(version)
+    modules = modules or fake_release_modules(version)
     monkeypatch.setattr(TrtllmLlmApiExecutor, "import_module", staticmethod(modules.__getitem__))
     monkeypatch.delenv(inst.SINGLE_PROCESS_ENV, raising=False)
-    llmapi = overlap_llmapi(calls, modules[inst.CREATOR_MODULE])
+    llmapi = (llmapi_for or overlap_llmapi)(calls, modules[inst.CREATOR_MODULE])
     options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
     return TrtllmLlmApiExecutor.from_config(options, engine, module=llmapi), modules
 
@@ -131,11 +134,19 @@ def test_a_checked_release_gets_our_scheduler_before_the_llm_and_facts_per_submi
     assert creator.create_py_executor_instance().scheduler == "SimpleScheduler"  # undone
 
 
-def test_more_than_one_gpu_rank_is_refused_with_the_way_back(tmp_path: Path) -> None:
+def test_tensor_parallel_is_accepted_and_pipeline_parallel_refused_with_the_way_back(
+    tmp_path: Path,
+) -> None:
     root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch", tp=2))
     engine = engine_config(root, scheduling="in_executor")
     options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
-    with pytest.raises(ConfigError, match=r"one GPU rank.*Remove executor\.scheduling"):
+    core = TrtllmLlmApiExecutor.resolve(options, engine).in_executor
+    assert core is not None and core.tensor_parallel_size == 2
+    engine = engine_config(root, scheduling="in_executor", pipeline_parallel_size=2)
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    with pytest.raises(
+        ConfigError, match=r"one pipeline-parallel rank.*Remove executor\.scheduling"
+    ):
         TrtllmLlmApiExecutor.resolve(options, engine)
     front = options.model_copy(update={"scheduling": "front"})
     assert TrtllmLlmApiExecutor.resolve(front, engine).in_executor is None
@@ -288,3 +299,91 @@ def test_the_refusal_reaches_the_client_through_the_engine(
     finally:
         worker.stop()
         executor.shutdown()
+
+
+class RankZero:
+    """What TensorRT-LLM does with more than one rank, for rank 0 only: the proxy submits
+    its module's ``worker_main`` (ours, bound to its setup); the worker builds the
+    executor through ``create_py_executor_instance`` (here with ``tp_size`` 2) and
+    serves until shutdown (here: until ``stop``), on a thread instead of an MPI
+    process. The LLM is built once the executor is (the READY signal follows it)."""
+
+    def __init__(self, modules: dict[str, Any]) -> None:
+        self.modules = modules
+        self.built = threading.Event()
+        self.stop = threading.Event()
+        self.executor: Any = None
+        self.thread: threading.Thread | None = None
+
+    def worker_main(self) -> None:  # TensorRT-LLM's, in the worker module
+        self.executor = self.modules[inst.CREATOR_MODULE].create_py_executor_instance(tp_size=2)
+        self.built.set()
+        self.stop.wait(10)
+
+    def llmapi(self, calls: LlmCalls, creator: Any) -> types.SimpleNamespace:
+        base = spy_llmapi(calls).LLM
+        rank_zero = self
+        proxy = self.modules[names.IN_EXECUTOR_PROXY_MODULE]
+        self.modules[names.IN_EXECUTOR_WORKER_MODULE].worker_main = self.worker_main
+
+        class LLM(base):  # type: ignore[misc, valid-type]
+            def __init__(self, model: Any, *, disable_overlap_scheduler: bool, **kw: Any) -> None:
+                rank_zero.thread = threading.Thread(target=proxy.worker_main, daemon=True)
+                rank_zero.thread.start()
+                assert rank_zero.built.wait(10)
+                super().__init__(model, **kw)
+
+            def shutdown(self) -> None:
+                rank_zero.stop.set()
+                assert rank_zero.thread is not None
+                rank_zero.thread.join(10)
+                super().shutdown()
+
+        llmapi_names = {n: getattr(fake_llmapi, n) for n in fake_llmapi.__all__}
+        llmapi_names["LLM"] = LLM
+        return types.SimpleNamespace(**llmapi_names)
+
+
+def test_with_two_ranks_facts_reach_rank_zero_over_the_channel_and_refusals_come_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.core.output import SchedulerOutput
+    from plugins.trtllm.in_executor.adapter import CoreRequestScheduler
+
+    calls = LlmCalls()
+    modules = fake_release_modules("1.3.0rc27")
+    rank_zero = RankZero(modules)
+    # Iterations of 20 ms and 64 tokens: the request is still running when the refusal
+    # lands (it crosses the socket, then the backend's loop).
+    build = FakeBuild(backend="pytorch", tp=2, iteration_ms=20.0)
+    executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch, build, rank_zero.llmapi, modules)
+    proxy = modules[names.IN_EXECUTOR_PROXY_MODULE]
+    try:
+        mode = executor._owned[0]
+        assert mode.host is not None and mode.schedulers == [], "no rank in this process"
+        assert os.environ.get(inst.SINGLE_PROCESS_ENV) is None, "workers stay processes"
+        adapter = rank_zero.executor.scheduler
+        assert isinstance(adapter, CoreRequestScheduler)
+        link = adapter._facts  # rank 0's end of the channel
+        sampling = SamplingParams(max_tokens=64, temperature=0)
+        seq = Seq("a", prompt_of(5, 1), blocks=[0, 1, 2, 3, 4], sampling=sampling)
+        step(executor, [seq])
+        request_id = int(calls.submitted[-1][2].request_id)
+        deadline = time.monotonic() + 10
+        while (facts := link.take(request_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert facts == RequestFacts(priority=0, slo_class=None, tenant=None, arrival_time=0.0)
+        assert link.refuse(request_id, "refused inside the loop") is True
+        failed: dict[str, str] = {}
+        for _ in range(50):
+            planned = seq.next()
+            result = executor.execute(SchedulerOutput([planned]))
+            failed.update(result.failed)
+            if failed:
+                break
+            seq.advance(planned, result)
+        assert failed == {"a": "refused inside the loop"}
+    finally:
+        executor.shutdown()
+    assert not os.path.exists(mode.host.directory), "the channel closed at shutdown"
+    assert isinstance(proxy.worker_main, types.FunctionType), "the proxy's own again"

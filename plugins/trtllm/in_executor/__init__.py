@@ -2,9 +2,12 @@
 inside the PyTorch backend's executor loop (LLM-API mode, checked releases only).
 
 ``adapter`` presents the executor's ``LlmRequest``s to the core (an ``EngineCore`` whose
-KV manager mirrors TensorRT-LLM's) and maps its plan back; ``start`` builds it in the
-worker; ``facts`` carries per-request facts (priority, SLO class, tenant) to the worker;
-``ranks`` makes every tensor-parallel rank follow rank 0's decision; ``install`` puts
-the adapter where TensorRT-LLM builds its scheduler, behind the version gate. Nothing
-here imports TensorRT-LLM at module level.
+KV manager mirrors TensorRT-LLM's) and maps its plan back; ``factory`` builds it for each
+executor TensorRT-LLM builds; ``facts`` carries per-request facts (priority, SLO class,
+tenant) to the scheduler and ``refusals`` its refusals back; ``ranks`` makes every
+tensor-parallel rank follow rank 0's decision; ``install`` puts the factory where
+TensorRT-LLM builds its scheduler, behind the version gate; ``workers`` does so in each
+MPI worker process when there is more than one rank, and ``channel`` then carries facts
+and refusals between the serving process and rank 0; ``start`` sets it all up in the
+serving process. Nothing here imports TensorRT-LLM at module level.
 """

@@ -15,8 +15,11 @@ boundary between two iterations; it:
    ``LlmRequest`` gained, and the step's duration feeds the step-time predictor;
    requests TensorRT-LLM ended or cancelled (gone from ``active_requests``) are aborted;
 2. queues requests it has not seen (``EngineCore.add_request``), with the facts the
-   ``FactsChannel`` holds for them (priority, SLO class, tenant, arrival); a request
-   the core refuses is named, with the core's reason, on the ``RefusalChannel``, whose
+   facts source holds for them (priority, SLO class, tenant, arrival); a request whose
+   facts have not arrived (possible only when they travel from another process) is
+   held out of the schedule, holding no KV, for at most the source's
+   ``facts_wait_s``, then queued with the defaults (logged); a request
+   the core refuses is named, with the core's reason, on the refusal sink, whose
    listener (the submitting side) ends it with that error and aborts it in
    TensorRT-LLM; until it leaves ``active_requests`` it is never scheduled;
 3. plans (``EngineCore.plan_step``, the first half of ``EngineCore.step``: ordering,
@@ -67,9 +70,9 @@ from orchestrator.core import (
     Submission,
 )
 from plugins.trtllm.errors import TrtllmError
-from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.facts import FactsSource, RequestFacts
 from plugins.trtllm.in_executor.ranks import Decision, RankLink
-from plugins.trtllm.in_executor.refusals import RefusalChannel
+from plugins.trtllm.in_executor.refusals import RefusalSink
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +172,9 @@ class CoreRequestScheduler:
     """A ``RequestScheduler`` (duck-typed: ``schedule_request``, ``can_schedule``,
     ``scheduling_state_range``) whose decisions are ``engine``'s (an ``in_loop_engine``),
     on ``engine.clock`` (the wall clock in the worker).
-    ``facts`` (optional) supplies per-request facts; ``refusals`` (optional) hears the
-    requests the core refuses, by the facts' key; ``link`` (optional) shares rank 0's
+    ``facts`` (optional) supplies per-request facts (a request without them waits up
+    to ``facts.facts_wait_s`` seconds on ``engine.clock``); ``refusals`` (optional)
+    hears the requests the core refuses, by the facts' key; ``link`` (optional) shares rank 0's
     decision with the other tensor-parallel ranks (on a follower, ``engine`` is not
     used). With ``record``, ``history`` and ``plans`` keep each iteration's ``Decision``
     and the core's plan (the tests compare and print them).
@@ -182,8 +186,8 @@ class CoreRequestScheduler:
         types: TrtllmTypes,
         kv: KvSource | None,
         *,
-        facts: FactsChannel | None = None,
-        refusals: RefusalChannel | None = None,
+        facts: FactsSource | None = None,
+        refusals: RefusalSink | None = None,
         link: RankLink | None = None,
         record: bool = False,
     ) -> None:
@@ -200,6 +204,7 @@ class CoreRequestScheduler:
         self._num_tokens: dict[int, int] = {}  # get_num_tokens(0) when last planned
         self._planned: dict[int, Any] = {}  # the last plan's LlmRequests by id
         self.refused: dict[int, str] = {}  # refused ids still active, with why
+        self.awaiting_facts: dict[int, float] = {}  # held ids: when first seen (clock s)
         self.num_without_facts = 0  # requests queued with no facts in the channel
         self.record = record
         self.history: list[Decision] = []
@@ -289,6 +294,8 @@ class CoreRequestScheduler:
             self.engine.abort(str(rid))  # no-op for a request the core finished
         for rid in [r for r in self.refused if r not in by_id]:
             del self.refused[rid]  # aborted (or ended) in TensorRT-LLM: nothing held
+        for rid in [r for r in self.awaiting_facts if r not in by_id]:
+            del self.awaiting_facts[rid]  # cancelled while held: it never reached the core
         if self._kv is not None:
             # Read after the core freed what ended: TensorRT-LLM may free it later.
             self.engine.scheduler.kv.observe_executor_free(self._kv.free_blocks())
@@ -306,14 +313,35 @@ class CoreRequestScheduler:
             facts = None
             if self._facts is not None:
                 facts = self._facts.take(client_id)
-                if facts is None:
-                    self.num_without_facts += 1
+                if facts is None and self._hold_for_facts(rid, now):
+                    continue  # not queued: never scheduled, holds no KV
+            # A request without an arrival of its own arrived when the loop first saw it.
+            seen_at = self.awaiting_facts.pop(rid, now)
             try:
-                self.engine.add_request(self._submission(req, facts, now))
+                self.engine.add_request(self._submission(req, facts, seen_at))
             except (AdmissionError, OverloadedError) as err:
                 self._refuse(rid, client_id, err)
                 continue
             self._seen.add(rid)
+
+    def _hold_for_facts(self, rid: int, now: float) -> bool:
+        """Whether ``rid``, whose facts have not arrived, stays out of the schedule this
+        iteration: until ``facts_wait_s`` has passed since it was first seen. Past that
+        it is queued with the defaults (the release's priority, the default class)."""
+        assert self._facts is not None
+        wait_s = self._facts.facts_wait_s
+        first = self.awaiting_facts.setdefault(rid, now)
+        if now - first < wait_s:
+            return True
+        self.num_without_facts += 1
+        if wait_s > 0:
+            logger.warning(
+                "in-executor scheduler: no facts for request %d after %.2f s; queued with "
+                "the defaults",
+                rid,
+                now - first,
+            )
+        return False
 
     def _refuse(self, rid: int, client_id: int, err: Exception) -> None:
         """A request the core refused: never scheduled; the refusal channel's listener
@@ -334,7 +362,7 @@ class CoreRequestScheduler:
                 err,
             )
 
-    def _submission(self, req: Any, facts: RequestFacts | None, now: float) -> Submission:
+    def _submission(self, req: Any, facts: RequestFacts | None, seen_at: float) -> Submission:
         if facts is None:
             facts = RequestFacts(priority=our_priority(getattr(req, "priority", None)))
         return Submission(
@@ -343,7 +371,7 @@ class CoreRequestScheduler:
             # No stop ids: TensorRT-LLM's sampler ends requests on theirs.
             SamplingParams(max_tokens=int(req.max_new_tokens), temperature=0),
             priority=facts.priority,
-            arrival_time=facts.arrival_time if facts.arrival_time is not None else now,
+            arrival_time=facts.arrival_time if facts.arrival_time is not None else seen_at,
             slo_class=facts.slo_class,
             tenant=facts.tenant,
         )

@@ -4,9 +4,11 @@ keyed by TensorRT-LLM's request id (``LlmRequest.py_request_id``, the id
 
 TensorRT-LLM's ``generate_async(priority=)`` (where a release has it) carries one float
 in [0, 1]; our scheduler also orders and budgets by SLO class (its TTFT deadline and
-TPOT target) and charges tenants, so those travel here. The channel lives in the worker
-process: in-executor mode runs TensorRT-LLM's worker in the serving process
-(``install``), so a lock-guarded map is the whole transport.
+TPOT target) and charges tenants, so those travel here. On one tensor-parallel rank
+TensorRT-LLM's worker runs in the serving process (``install``), so a lock-guarded map
+(``FactsChannel``) is the whole transport; on more, rank 0 runs in a worker process and
+``channel.WorkerLink`` brings the facts over a socket. The adapter reads either through
+``FactsSource``.
 
 A submitter registers under ``submitting()``: the executor thread may pick a request up
 between ``generate_async`` returning its id and the facts being stored, so the adapter's
@@ -17,8 +19,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +38,33 @@ class RequestFacts:
     arrival_time: float | None = None
 
 
+class FactsSource(Protocol):
+    """What the adapter reads facts from. ``take(request_id)``: the facts registered for
+    the request, removed, or ``None``. ``facts_wait_s``: how long (seconds) the adapter
+    holds a request whose facts are not there yet before admitting it with the defaults:
+    0 where facts always come first (``FactsChannel.submitting``), more where they
+    travel separately from the request (``channel.WorkerLink``)."""
+
+    @property
+    def facts_wait_s(self) -> float: ...
+
+    def take(self, request_id: int) -> RequestFacts | None: ...
+
+
+class FactsSubmitter(Protocol):
+    """What the submitting side writes facts into: ``submitting()`` yields a map to put
+    ``{request_id: facts}`` into once ``generate_async`` returned the id
+    (``FactsChannel`` in one process, ``channel.ChannelHost`` across processes)."""
+
+    def submitting(self) -> AbstractContextManager[dict[int, RequestFacts]]: ...
+
+
 class FactsChannel:
-    """Thread-safe map from TensorRT-LLM request id to ``RequestFacts``."""
+    """Thread-safe map from TensorRT-LLM request id to ``RequestFacts``, in one process.
+    ``facts_wait_s`` is 0: ``submitting()`` stores the facts before the adapter can see
+    the request, so a request without facts has none to wait for."""
+
+    facts_wait_s = 0.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -17,10 +17,12 @@ rebuilds the KV cache manager: ``py_executor.scheduler = scheduler``). Private A
 gate below names the releases whose interface this was checked against and refuses
 others.
 
-The wrap acts in the process that builds the executor. In-executor mode runs
-TensorRT-LLM's worker in the serving process (``TLLM_WORKER_USE_SINGLE_PROCESS=1``, the
-switch TensorRT-LLM's own tests set to reach the in-process ``PyExecutor``), so one
-tensor-parallel rank; ranks in MPI worker processes are not reached (refused at start).
+The wrap acts in the process that builds the executor. On one tensor-parallel rank,
+in-executor mode runs TensorRT-LLM's worker in the serving process
+(``TLLM_WORKER_USE_SINGLE_PROCESS=1``, the switch TensorRT-LLM's own tests set to reach
+the in-process ``PyExecutor``) and installs there. On more, every rank is an MPI worker
+process and ``workers`` installs the same wrap in each of them (``install(...,
+single_process=False)``).
 """
 
 from __future__ import annotations
@@ -148,10 +150,14 @@ SchedulerFactory = Callable[[Any, Release], Any]
 """Builds our scheduler for a new ``PyExecutor`` (the executor, the release)."""
 
 
-def install(release: Release, factory: SchedulerFactory) -> Callable[[], None]:
+def install(
+    release: Release, factory: SchedulerFactory, *, single_process: bool = True
+) -> Callable[[], None]:
     """Wrap ``create_py_executor_instance`` so that every ``PyExecutor`` it builds gets
-    ``factory(py_executor, release)`` as its scheduler; returns the undo. Also asks
-    TensorRT-LLM to run its worker in this process (the wrap reaches no other)."""
+    ``factory(py_executor, release)`` as its scheduler; returns the undo. With
+    ``single_process`` (one rank, installed in the serving process) also asks
+    TensorRT-LLM to run its worker in this process, which the wrap then reaches; in a
+    worker process (``workers``) the wrap is already where the executor is built."""
     creator = release.creator
     original = getattr(creator, FACTORY_NAME)
     if getattr(original, "_in_executor_wrapped", False):
@@ -166,10 +172,13 @@ def install(release: Release, factory: SchedulerFactory) -> Callable[[], None]:
     create_py_executor_instance._in_executor_wrapped = True  # type: ignore[attr-defined]
     setattr(creator, FACTORY_NAME, create_py_executor_instance)
     previous_env = os.environ.get(SINGLE_PROCESS_ENV)
-    os.environ[SINGLE_PROCESS_ENV] = "1"
+    if single_process:
+        os.environ[SINGLE_PROCESS_ENV] = "1"
 
     def undo() -> None:
         setattr(creator, FACTORY_NAME, original)
+        if not single_process:
+            return
         if previous_env is None:
             os.environ.pop(SINGLE_PROCESS_ENV, None)
         else:
@@ -179,17 +188,39 @@ def install(release: Release, factory: SchedulerFactory) -> Callable[[], None]:
 
 
 def check_executor(py_executor: Any) -> None:
-    """Refuse an executor the adapter cannot schedule: more than one tensor- or
-    pipeline-parallel rank (the wrap reaches one process), or the overlap scheduler on
-    (``disable_overlap_scheduler`` false: each step's tokens reach the host an iteration
-    late, after the next schedule, and the core needs them at the next call)."""
+    """Refuse an executor the adapter cannot schedule (tensor parallelism is fine: rank
+    0 decides, the others follow, ``ranks``):
+
+    - more than one pipeline-parallel rank (``dist.pp_size``): ``PyExecutor`` then runs
+      ``_executor_loop_pp``, whose micro-batches keep requests in flight across
+      schedules (``inflight_req_ids``), which the adapter does not read, and only the
+      last stage samples, so the tokens the core needs at the next call are not on rank
+      0's host in time;
+    - context parallelism (``dist.cp_size`` > 1), never read;
+    - attention data parallelism (``enable_attention_dp``): each rank then schedules its
+      own requests (``can_schedule`` balancing, ``tp_allgather`` of batch sizes), which
+      one decision broadcast from rank 0 contradicts;
+    - the overlap scheduler on (``disable_overlap_scheduler`` false: each step's tokens
+      reach the host an iteration late, after the next schedule, and the core needs
+      them at the next call).
+
+    ``dist`` is TensorRT-LLM's ``Distributed``
+    (``tensorrt_llm/_torch/distributed/communicator.py`` at ``a1cf28f9``: ``pp_size``,
+    ``cp_size`` are properties of its ``Mapping``); ``enable_attention_dp`` is set in
+    ``PyExecutor.__init__`` from the model engine (``py_executor.py``, stored copy)."""
     dist = getattr(py_executor, "dist", None)
-    sizes = [getattr(dist, name, 1) for name in ("tp_size", "pp_size")]
-    if any(isinstance(n, int) and n > 1 for n in sizes):
+    for name, what in (("pp_size", "pipeline"), ("cp_size", "context")):
+        size = getattr(dist, name, 1)
+        if isinstance(size, int) and size > 1:
+            raise TrtllmError(
+                f"scheduling: in_executor runs on one {what}-parallel rank (this executor "
+                f"has {name} {size}); set it to 1, or remove executor.scheduling"
+            )
+    if getattr(py_executor, "enable_attention_dp", False) is True:
         raise TrtllmError(
-            "scheduling: in_executor runs on one tensor- and pipeline-parallel rank; set "
-            "tensor_parallel_size and pipeline_parallel_size to 1, or remove "
-            "executor.scheduling"
+            "scheduling: in_executor cannot run with attention data parallelism (each "
+            "rank would schedule its own requests); turn enable_attention_dp off, or "
+            "remove executor.scheduling"
         )
     if getattr(py_executor, "disable_overlap_scheduler", True) is False:
         raise TrtllmError(

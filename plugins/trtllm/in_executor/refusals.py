@@ -8,8 +8,10 @@ limit or KV pool the front did not check the same way). TensorRT-LLM would keep 
 request in ``active_requests`` forever, unscheduled, and its client would wait forever;
 so the adapter says so here and the submitting side (``llm_api.backend``) ends it: the
 reason reaches the front's ``StepResult.failed`` (so the core answers the client with
-it) and the request is aborted in TensorRT-LLM. Like the facts channel, this is an
-in-process object: in-executor mode runs TensorRT-LLM's worker in the serving process.
+it) and the request is aborted in TensorRT-LLM. ``RefusalChannel`` is the in-process
+hand-over, which the backend listens to; on more than one tensor-parallel rank rank 0's
+``channel.WorkerLink`` sends refusals to the serving process, whose ``ChannelHost``
+hands them to a ``RefusalChannel``. The adapter refuses through ``RefusalSink``.
 """
 
 from __future__ import annotations
@@ -17,11 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
 RefusalListener = Callable[[int, str], None]
 """Hears ``(request_id, reason)`` on the worker's executor thread; must not block."""
+
+
+class RefusalSink(Protocol):
+    """Where the adapter names a refused request: ``refuse(request_id, reason)`` returns
+    whether someone took it and never raises."""
+
+    def refuse(self, request_id: int, reason: str) -> bool: ...
 
 
 class RefusalChannel:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from plugins.trtllm.in_executor.facts import FactsChannel, RequestFacts
+from plugins.trtllm.in_executor.facts import FactsSubmitter, RequestFacts
 from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.guided import Guide
@@ -95,8 +95,9 @@ class LlmApiBackend:
     """Submissions are our own counter; ``RequestOutput`` handles live on the loop.
     ``release`` says whether ``generate_async`` gets a priority. With ``facts`` (the
     in-executor mode's channel), each submission's priority, SLO class, tenant and
-    arrival are registered under the request id ``generate_async``'s result carries,
-    before the worker's scheduler can read them. With ``refusals``, a refusal under that
+    arrival are registered under the request id ``generate_async``'s result carries
+    (in one process before the worker's scheduler can read them; across processes
+    sent right after, and the scheduler waits for them a bounded time). With ``refusals``, a refusal under that
     id ends the submission: a final ``Update`` whose ``error`` is the refusal (the runner
     names it in ``StepResult.failed``, so the core ends it with that error) and
     ``RequestOutput.abort()``, so TensorRT-LLM drops it too. Refusals of submissions
@@ -109,7 +110,7 @@ class LlmApiBackend:
         loop: EventLoopThread,
         stats: KvStatsReader,
         release: ReleaseOptions,
-        facts: FactsChannel | None = None,
+        facts: FactsSubmitter | None = None,
         refusals: RefusalChannel | None = None,
     ) -> None:
         self._llmapi = llmapi

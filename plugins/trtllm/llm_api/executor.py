@@ -133,6 +133,8 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
             facts, refusals = mode.facts, mode.refusals
         llm = translate.start_llm(llmapi, self.settings, self._release)
         self._owned.append(llm)
+        if core is not None:
+            mode.check_started()  # our scheduler is the one TensorRT-LLM's loop runs
         self._stats = KvStatsReader(llm)
         return LlmApiBackend(
             self._llmapi, llm, self._loop, self._stats, self._release, facts, refusals

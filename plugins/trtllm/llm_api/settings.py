@@ -27,11 +27,13 @@ class CudaGraphs:
 @dataclass(frozen=True)
 class InExecutorCore:
     """What the scheduler inside TensorRT-LLM's loop is built from: the engine config
-    (its scheduler and cache sections: the same policies as in front) and the context
-    limit (``max_model_len``, tokens)."""
+    (its scheduler and cache sections: the same policies as in front), the context
+    limit (``max_model_len``, tokens) and the tensor-parallel ranks it runs on (above 1,
+    every rank is a worker process: ``in_executor.workers``)."""
 
     engine: EngineConfig
     max_model_len: int
+    tensor_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -209,19 +211,22 @@ def with_scheduling(
     """Settings for ``config.scheduling``: unchanged for ``front``; for ``in_executor``,
     the core the worker builds, and KV block reuse off (TensorRT-LLM's reuse moves a
     request's context position after our plan is made, so the core's chunk would start
-    at the wrong token). Raises ``ConfigError`` for more than one GPU rank: the
-    scheduler is installed in the serving process, which holds one rank."""
+    at the wrong token). Raises ``ConfigError`` for more than one pipeline-parallel
+    rank (``in_executor.install.check_executor`` says why); tensor parallelism is
+    fine (rank 0 decides, the others follow)."""
     if config.scheduling == "front":
         return settings
-    if settings.world_size > 1:
+    if settings.pipeline_parallel_size > 1:
         raise ConfigError(
-            f"executor.scheduling: in_executor runs on one GPU rank; {settings.model} is set "
-            f"for tensor_parallel_size {settings.tensor_parallel_size} and "
-            f"pipeline_parallel_size {settings.pipeline_parallel_size}. Remove "
-            "executor.scheduling (TensorRT-LLM's own scheduler then runs under ours)"
+            "executor.scheduling: in_executor runs on one pipeline-parallel rank; "
+            f"{settings.model} is set for pipeline_parallel_size "
+            f"{settings.pipeline_parallel_size}. Remove executor.scheduling "
+            "(TensorRT-LLM's own scheduler then runs under ours)"
         )
     model_len = settings.max_seq_len or engine.model.max_model_len or settings.max_input_len
     assert model_len is not None  # with_model_len always sets max_input_len
     return replace(
-        settings, enable_block_reuse=False, in_executor=InExecutorCore(engine, model_len)
+        settings,
+        enable_block_reuse=False,
+        in_executor=InExecutorCore(engine, model_len, settings.tensor_parallel_size),
     )
