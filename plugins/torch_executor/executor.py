@@ -52,7 +52,8 @@ class TorchExecutor:
       the CPU kernels or torch ops (``native.py``), and their build is cached under
       ``kernel_dir`` (default: the default cache folder); ``weights`` picks how the
       projections are stored (``precision.resolve_weights``).
-    - ``info().platform`` names what runs: device, dtype, weight format, kernel variant,
+    - ``info().platform`` names what runs: device, dtype, weight format (and, when
+      compact, the most rows its projections take, measured at start), kernel variant,
       the CPU and the features read from it; it is logged at start.
     - With a ``grammar`` backend (``grammar.py``, llguidance) it enforces every
       ``ConstraintKind``: ``compile_constraint`` builds a request's matcher (on the
@@ -132,10 +133,12 @@ class TorchExecutor:
             matchers,
         )
         features = " ".join(detect().names()) if device == "cpu" else ""
+        runner = self._runner
         self.platform = (
             ("device", device),
             ("dtype", dtype),
             ("weights", fmt),
+            *((("compact_max_rows", str(runner.compact_max_rows)),) if fmt != "dense" else ()),
             ("kernels", loaded.variant if loaded is not None else "torch"),
             ("cpu", cpu_model()),
             ("cpu_features", features or "none"),
@@ -145,6 +148,8 @@ class TorchExecutor:
             ", ".join(f"{k} {v}" for k, v in self.platform),
             why,
         )
+        if runner.row_bound is not None:
+            log.info("torch executor: %s", runner.row_bound.describe())
 
     @classmethod
     def from_config(cls, config: Any, engine: EngineConfig) -> TorchExecutor:

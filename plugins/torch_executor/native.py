@@ -44,8 +44,10 @@ from plugins.torch_executor.cpu_features import CpuFeatures, detect
 from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.model import Ops
 
-# The compact projections run up to this many rows; longer batches are compute-bound
-# and go through oneDNN's float32 matmul on the dense weight (see docs/torch_executor.md).
+# The compact projections run up to this many rows unless told otherwise; longer
+# batches are compute-bound and go through oneDNN's float32 matmul on the dense weight.
+# The executor measures where the two cross on the CPU it runs on (row_bound.py) and
+# passes that; this is the bound where nothing was measured (docs/torch_executor.md).
 COMPACT_MAX_ROWS = 16
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -99,17 +101,20 @@ class Kernels:
     variant: str = "portable"  # the kernel_build variant this library is
     has_tile_linear: bool = False  # AMX is in this build and this process may use it
 
-    def ops(self, weights: WeightFormat = WeightFormat.DENSE) -> Ops:
+    def ops(
+        self, weights: WeightFormat = WeightFormat.DENSE, max_rows: int = COMPACT_MAX_ROWS
+    ) -> Ops:
         """The layer's parts through these kernels: the elementwise ones always; the
-        projections (and the LM head) over ``weights`` when it is compact, else the
-        layers' projections on AMX tiles where available."""
+        projections (and the LM head) over ``weights`` when it is compact (for batches of
+        up to ``max_rows`` rows), else the layers' projections on AMX tiles where
+        available."""
         if weights is not WeightFormat.DENSE:
             return Ops(
                 norm=self.rms_norm,
                 silu_mul=self.silu_mul,
-                linear=partial(self.compact_linear, weights),
-                linear_add=partial(self.compact_linear_add, weights),
-                head=partial(self.compact_linear, weights),
+                linear=partial(self.compact_linear, weights, max_rows=max_rows),
+                linear_add=partial(self.compact_linear_add, weights, max_rows=max_rows),
+                head=partial(self.compact_linear, weights, max_rows=max_rows),
             )
         if not self.has_tile_linear:
             return Ops(norm=self.rms_norm, silu_mul=self.silu_mul)
@@ -133,25 +138,32 @@ class Kernels:
             return layer.add(x, residual)
         return self._tile_linear(layer, x, residual.contiguous())
 
-    def compact_linear(self, fmt: WeightFormat, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    def compact_linear(
+        self, fmt: WeightFormat, layer: Linear, x: torch.Tensor, max_rows: int = COMPACT_MAX_ROWS
+    ) -> torch.Tensor:
         """``layer(x)`` over ``layer``'s ``fmt`` weights for float32 ``x`` of 1 to
-        ``COMPACT_MAX_ROWS`` rows; through ``layer`` itself otherwise."""
-        if not self._compact_applies(fmt, layer, x):
+        ``max_rows`` rows; through ``layer`` itself otherwise."""
+        if not self._compact_applies(fmt, layer, x, max_rows):
             return layer(x)
         return self._compact_linear(fmt, layer, x, None)
 
     def compact_linear_add(
-        self, fmt: WeightFormat, layer: Linear, x: torch.Tensor, residual: torch.Tensor
+        self,
+        fmt: WeightFormat,
+        layer: Linear,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        max_rows: int = COMPACT_MAX_ROWS,
     ) -> torch.Tensor:
         """``layer.add(x, residual)``, over compact weights as ``compact_linear``."""
-        if not self._compact_applies(fmt, layer, x):
+        if not self._compact_applies(fmt, layer, x, max_rows):
             return layer.add(x, residual)
         return self._compact_linear(fmt, layer, x, residual.contiguous())
 
     @staticmethod
-    def _compact_applies(fmt: WeightFormat, layer: Linear, x: torch.Tensor) -> bool:
+    def _compact_applies(fmt: WeightFormat, layer: Linear, x: torch.Tensor, max_rows: int) -> bool:
         return (
-            0 < x.shape[0] <= COMPACT_MAX_ROWS
+            0 < x.shape[0] <= max_rows
             and x.dtype == torch.float32
             and applies(fmt, layer.out_features, layer.in_features)
         )

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 import torch
 
 from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
+from plugins.torch_executor import row_bound
 from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
 from plugins.torch_executor.grammar import Matchers
 from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.model import TORCH_OPS, Ops, RotaryTable, compute_logits, forward_hidden
-from plugins.torch_executor.native import Kernels
+from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
 from plugins.torch_executor.paged import (
     KERNEL_MAX_ROWS,
     PagedAttention,
@@ -21,6 +22,7 @@ from plugins.torch_executor.paged import (
     SequenceSlice,
     build_step,
 )
+from plugins.torch_executor.row_bound import RowBound
 from plugins.torch_executor.sampler import Sampler, SampleRow
 from plugins.torch_executor.stack import DecodeStack
 from plugins.torch_executor.weights import LlamaWeights
@@ -60,6 +62,9 @@ class ModelRunner:
     ``weights``: how the kernels read the projections (``compact.py``; compact formats
     need ``kernels`` and float32 weights). ``matchers``: the constrained requests'
     grammar state (``grammar.py``), ``None`` when the executor enforces no constraints.
+    ``compact_max_rows``: the most rows a step may have for the compact projections;
+    ``None`` measures it at start on this CPU with compact weights (``row_bound.py``;
+    ``row_bound`` keeps the figures), else ``native.COMPACT_MAX_ROWS``.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class ModelRunner:
         cuda_graphs: bool = True,
         weights_format: WeightFormat = WeightFormat.DENSE,
         matchers: Matchers | None = None,
+        compact_max_rows: int | None = None,
     ) -> None:
         self.weights = weights
         self.matchers = matchers
@@ -89,10 +95,23 @@ class ModelRunner:
         ):
             raise ValueError(f"weights {weights_format} need the CPU kernels and float32")
         self.weights_format = weights_format
-        self.ops: Ops = TORCH_OPS if self.kernels is None else self.kernels.ops(weights_format)
         self._build_layouts(tiles=self.kernels is not None and self.kernels.has_tile_linear)
+        self.row_bound: RowBound | None = None
+        if compact_max_rows is None:
+            compact_max_rows = COMPACT_MAX_ROWS
+            if self.kernels is not None and weights_format is not WeightFormat.DENSE:
+                self.row_bound = row_bound.measure(self.kernels, weights, weights_format)
+                compact_max_rows = self.row_bound.rows
+        self.compact_max_rows = compact_max_rows
+        self.ops: Ops = (
+            TORCH_OPS
+            if self.kernels is None
+            else self.kernels.ops(weights_format, compact_max_rows)
+        )
         # Small steps run every layer in one kernel call where it can (stack.py).
-        self.stack = DecodeStack.for_model(self.kernels, weights, self.cache, weights_format)
+        self.stack = DecodeStack.for_model(
+            self.kernels, weights, self.cache, weights_format, compact_max_rows
+        )
         # The torch-op attention handles one query per sequence; the kernel any few.
         self.kernel_max_rows = 1 if self.kernels is None else KERNEL_MAX_ROWS
         self.graphs = (

@@ -10,7 +10,7 @@ holds it to that).
 It runs where the op-by-op path would run every layer through the kernels: float32
 weights in a compact format (``compact.py``) whose layout every projection has, and a
 step whose rows all attend through the paged kernel (no SDPA chunk) and are few enough
-for the compact projections (``native.COMPACT_MAX_ROWS``).
+for the compact projections (the bound the runner measured, ``row_bound.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +27,14 @@ class DecodeStack:
     """The stack over one model's weights and KV cache. Build with ``for_model``."""
 
     def __init__(
-        self, kernels: Kernels, weights: LlamaWeights, cache: PagedKVCache, fmt: WeightFormat
+        self,
+        kernels: Kernels,
+        weights: LlamaWeights,
+        cache: PagedKVCache,
+        fmt: WeightFormat,
+        max_rows: int = COMPACT_MAX_ROWS,
     ) -> None:
+        self.max_rows = max_rows
         self._kernels = kernels
         self._weights = weights
         self._cache = cache
@@ -45,10 +51,15 @@ class DecodeStack:
 
     @staticmethod
     def for_model(
-        kernels: Kernels | None, weights: LlamaWeights, cache: PagedKVCache, fmt: WeightFormat
+        kernels: Kernels | None,
+        weights: LlamaWeights,
+        cache: PagedKVCache,
+        fmt: WeightFormat,
+        max_rows: int = COMPACT_MAX_ROWS,
     ) -> DecodeStack | None:
-        """The stack, or ``None`` where it cannot run this model: no kernels, not
-        float32, or a projection without a ``fmt`` layout."""
+        """The stack for steps of up to ``max_rows`` rows (the compact projections'
+        bound), or ``None`` where it cannot run this model: no kernels, not float32, or
+        a projection without a ``fmt`` layout."""
         if kernels is None or weights.dtype != torch.float32 or weights.device.type != "cpu":
             return None
         for layer in weights.layers:
@@ -58,17 +69,16 @@ class DecodeStack:
         norms = [t for layer in weights.layers for t in (layer.input_norm, layer.post_norm)]
         if not all(t.is_contiguous() for t in norms):
             return None
-        return DecodeStack(kernels, weights, cache, fmt)
+        return DecodeStack(kernels, weights, cache, fmt, max_rows)
 
-    @staticmethod
-    def runs(step: StepBatch) -> bool:
+    def runs(self, step: StepBatch) -> bool:
         """Whether ``step`` can run through the stack (module doc)."""
         kr = step.kernel_rows
         return (
             kr is not None
             and kr.rows is None
             and not step.chunks
-            and 0 < step.num_tokens <= COMPACT_MAX_ROWS
+            and 0 < step.num_tokens <= self.max_rows
         )
 
     def __call__(

@@ -64,10 +64,13 @@ class Counted:
         return self.stack(*args)  # type: ignore[arg-type]
 
 
-def runner(weights: LlamaWeights, kernels: Kernels, fmt: WeightFormat) -> ModelRunner:
+def runner(
+    weights: LlamaWeights, kernels: Kernels, fmt: WeightFormat, max_rows: int = COMPACT_MAX_ROWS
+) -> ModelRunner:
     return ModelRunner(
-        weights, 64, BLOCK, 256, torch.Generator().manual_seed(0), kernels, weights_format=fmt
-    )
+        weights, 64, BLOCK, 256, torch.Generator().manual_seed(0), kernels,
+        weights_format=fmt, compact_max_rows=max_rows,
+    )  # fmt: skip
 
 
 # (request, start, stop) per step: small chunks from 0 and mid-sequence, decodes at
@@ -121,3 +124,21 @@ def test_the_stack_needs_compact_float32_weights(
     )
     assert bf16.stack is None
     assert DecodeStack.for_model(None, weights, bf16.cache, WeightFormat.INT8) is None
+
+
+def test_steps_past_the_row_bound_run_op_by_op(kernels: Kernels, weights: LlamaWeights) -> None:
+    """With a bound of 2 rows, three decodes take the dense matmuls one op at a time;
+    the stack's runner gives the same logits as one without a stack."""
+    stacked = runner(weights, kernels, WeightFormat.INT8, max_rows=2)
+    op_by_op = runner(weights, kernels, WeightFormat.INT8, max_rows=2)
+    assert stacked.stack is not None
+    counted = Counted(stacked.stack)
+    stacked.stack = counted  # type: ignore[assignment]
+    op_by_op.stack = None
+    for step in range(3):  # request i joins at step i, one token a step
+        plan = SchedulerOutput(
+            [ScheduledRequest(r, [7 + i], step - i, [i], True, GREEDY)
+             for i, r in enumerate("abc"[: step + 1])]
+        )  # fmt: skip
+        assert torch.equal(stacked.logits(plan).logits, op_by_op.logits(plan).logits)
+    assert counted.calls == 2, "the one- and two-row steps ran stacked, the three-row one not"

@@ -1,0 +1,60 @@
+"""The compact projections' row bound, measured at start: the decision rule on given
+timings, and a measurement on a tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from plugins.torch_executor.compact import WeightFormat
+from plugins.torch_executor.native import COMPACT_MAX_ROWS, load_kernels
+from plugins.torch_executor.row_bound import CANDIDATES, choose, measure
+from plugins.torch_executor.runner import ModelRunner
+from plugins.torch_executor.weights import load_folder
+from tests.e2e.models import write_tiny_llama
+
+
+def test_the_bound_is_the_last_row_count_before_the_dense_matmul_first_wins() -> None:
+    assert choose({4: (1.0, 2.0), 8: (2.0, 2.0), 16: (3.5, 3.0), 32: (1.0, 9.0)}) == 8
+    assert choose({4: (1.0, 2.0), 8: (1.5, 2.0)}) == 8  # never lost: the largest measured
+    assert choose({4: (2.1, 2.0)}) == 1  # lost at once: one row (a pure read of fewer bytes)
+
+
+@pytest.fixture(scope="module")
+def runner_parts(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    kernels = load_kernels(Path(tmp_path_factory.mktemp("kernels")))
+    if kernels is None:
+        pytest.skip("the CPU kernels cannot be built here (no C++ compiler)")
+    folder = write_tiny_llama(
+        tmp_path_factory.mktemp("tiny"), hidden_size=64, intermediate_size=128
+    )
+    return kernels, load_folder(folder, torch.float32)
+
+
+def test_a_measurement_stops_at_the_first_loss_and_picks_by_the_rule(runner_parts: tuple) -> None:
+    kernels, weights = runner_parts
+    bound = measure(kernels, weights, WeightFormat.INT8)
+    measured = list(bound.timings)
+    assert measured == list(CANDIDATES[: len(measured)])
+    assert all(c > 0 and d > 0 for c, d in bound.timings.values())
+    losses = [r for r, (c, d) in bound.timings.items() if c > d]
+    assert losses in ([], [measured[-1]]), "it stops at the first loss"
+    assert bound.rows == choose(bound.timings)
+    assert f"up to {bound.rows} rows" in bound.describe()
+
+
+def test_the_runner_measures_only_for_compact_weights(runner_parts: tuple) -> None:
+    kernels, weights = runner_parts
+    rng = torch.Generator()
+    compact = ModelRunner(weights, 8, 16, 64, rng, kernels, weights_format=WeightFormat.INT8)
+    assert compact.row_bound is not None
+    assert compact.compact_max_rows == compact.row_bound.rows
+    assert compact.stack is not None and compact.stack.max_rows == compact.row_bound.rows
+    dense = ModelRunner(weights, 8, 16, 64, rng, kernels)
+    assert dense.row_bound is None and dense.compact_max_rows == COMPACT_MAX_ROWS
+    given = ModelRunner(
+        weights, 8, 16, 64, rng, kernels, weights_format=WeightFormat.INT8, compact_max_rows=5
+    )
+    assert given.row_bound is None and given.stack is not None and given.stack.max_rows == 5
