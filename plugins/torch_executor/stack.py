@@ -2,8 +2,8 @@
 
 Run one op at a time, a decode step of SmolLM2 makes about 270 kernel calls (30 layers,
 9 each), and each costs interpreter work, a tensor allocation and a parallel region
-opened and closed: about a third of a step on 2 threads of an AMD EPYC (Zen 1), outside
-the kernels. The stack runs the same ops, in the same order, on the same numbers, inside
+opened and closed: about a quarter of a batch-1 step on 2 threads of an AMD EPYC
+(Zen 1), outside the kernels. The stack runs the same ops, in the same order, on the same numbers, inside
 one parallel region: its hidden states are the op-by-op path's, bit for bit (a test
 holds it to that).
 
