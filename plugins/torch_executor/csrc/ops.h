@@ -361,8 +361,10 @@ static void paged_attention_rows(const T* q, const T* k, const T* v, const int64
     const int64_t group = heads / kv_heads;
     const int64_t head_stride = num_blocks * bs * hd;
     const PartFn<T> part = part_kernel<T>(bs, hd, group);
+    // Whole (row, KV head) items go 4 to a chunk (as many items as threads need);
+    // split items one at a time, since there are few of them.
     if (part == nullptr) {
-        #pragma omp for collapse(2) schedule(dynamic, 1)
+        #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int64_t r = 0; r < n; ++r) {
             for (int64_t kh = 0; kh < kv_heads; ++kh) {
                 const int64_t off = (r * heads + kh * group) * hd;
@@ -374,7 +376,7 @@ static void paged_attention_rows(const T* q, const T* k, const T* v, const int64
         return;
     }
     if (splits == 1) {
-        #pragma omp for collapse(2) schedule(dynamic, 1)
+        #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int64_t r = 0; r < n; ++r) {
             for (int64_t kh = 0; kh < kv_heads; ++kh) {
                 const int64_t off = (r * heads + kh * group) * hd;
