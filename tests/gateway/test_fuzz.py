@@ -15,6 +15,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -50,18 +51,33 @@ def server() -> Iterator[tuple[str, EngineCore]]:
         yield base, core
 
 
+def plain_messages(case: schemathesis.Case) -> schemathesis.Case:
+    """``case`` with its chat messages replaced by one user message. The schema gives
+    every role one message shape, so nearly every generated list breaks a rule of its
+    roles (a tool message without content, a tool_call_id on a user message) and is
+    refused with a 400: 249 of 250 cases in one run, so the check that chat fuzzing
+    reaches generation failed by chance. Half the chat cases keep their messages."""
+    if isinstance(case.body, dict) and isinstance(case.body.get("messages"), list):
+        case.body["messages"] = [{"role": "user", "content": "w1 w2"}]
+    return case
+
+
 def fuzz(base: str, operation: schemathesis.APIOperation, mode: GenerationMode) -> Counter[int]:
     """Run ``EXAMPLES_PER_MODE`` generated cases; the status codes seen."""
     statuses: Counter[int] = Counter()
+    cases = operation.as_strategy(generation_mode=mode)
+    if mode is GenerationMode.POSITIVE and operation.path == "/v1/chat/completions":
+        cases = st.one_of(cases, cases.map(plain_messages))
 
     @settings(
         max_examples=EXAMPLES_PER_MODE,
         deadline=None,
         database=None,
+        derandomize=True,  # the same cases on every run
         phases=[Phase.generate, Phase.shrink],
         suppress_health_check=list(HealthCheck),
     )
-    @given(case=operation.as_strategy(generation_mode=mode))
+    @given(case=cases)
     def run(case: schemathesis.Case) -> None:
         response = case.call(base_url=base, timeout=REQUEST_TIMEOUT_S)
         statuses[response.status_code] += 1
@@ -87,8 +103,8 @@ def test_generated_requests_get_documented_answers_and_never_a_5xx(
             seen[f"{operation.label} {mode.value}"] = fuzz(base, operation, mode)
 
     # The fuzzing reached generation, not only rejections.
-    assert seen["POST /v1/completions positive"][200] > 0
-    assert seen["POST /v1/chat/completions positive"][200] > 0
+    assert seen["POST /v1/completions positive"][200] > 0, seen
+    assert seen["POST /v1/chat/completions positive"][200] > 0, seen
     assert set(seen["POST /v1/completions negative"]) <= {400, 404, 413}
     # The engine survived everything and leaked nothing.
     assert httpx.get(f"{base}/ready").status_code == 200
