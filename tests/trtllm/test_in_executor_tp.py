@@ -95,12 +95,15 @@ def scenario() -> Any:
         except queue.Empty:
             return finished
 
-    def submit(batch: list[tuple[int, list[int], int, int | None]]) -> None:
-        """As the backend does: generate_async (here a queue put), then the facts."""
+    def submit(batch: list[tuple[int, list[int], int, int | None]], settle_s: float = 0.0) -> None:
+        """As the backend does: generate_async (here a queue put), then the facts, after
+        ``settle_s`` seconds (rank 0 holds the requests meanwhile: they are all in its
+        view when their facts arrive, in one message)."""
         with host.submitting() as staged:
             for rid, tokens, max_tokens, _ in batch:
                 jobs[rid] = (tokens, max_tokens)
                 requests.put(("submit", rid, tokens, max_tokens))
+            time.sleep(settle_s)
             for rid, _, _, priority in batch:
                 if priority is not None:
                     staged[rid] = RequestFacts(priority=priority, tenant=f"t{rid}")
@@ -118,7 +121,9 @@ def scenario() -> Any:
             deadline_s=WAIT_FOR_S,
         )
         assert host.wait_connected(WAIT_FOR_S), "rank 0 never connected"
-        submit([(rid, prompt(rid, 40), 24, p) for rid, p in TRIO.items()])
+        # Settled, so the priority order cannot depend on how many of the three rank 0's
+        # first fetch took (it once took two, which then ran first as they came).
+        submit([(rid, prompt(rid, 40), 24, p) for rid, p in TRIO.items()], settle_s=0.3)
         seeded = [
             (100 + j.request_id, list(j.prompt), j.max_tokens, j.priority)
             for j in seeded_workload(11, n=8)
