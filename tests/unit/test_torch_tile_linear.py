@@ -99,3 +99,33 @@ def test_tile_linear_agrees_with_the_packed_matmul(kernels: Kernels, rows: int) 
     assert (ours - theirs).abs().max().item() <= 2 * bf16_ulp(theirs).max().item()
     # Mostly bit for bit: the two differ only where the float32 sums round apart.
     assert (ours == theirs).float().mean().item() > 0.9
+
+
+def test_tile_linear_and_torch_amx_kernels_share_threads_without_harm(kernels: Kernels) -> None:
+    """A prefill as the server runs it, on two threads: projections on tiles between
+    PyTorch's CPU flash attention in bfloat16 (oneDNN's AMX brgemm kernels, which keep a
+    per-thread configuration between calls) and oneDNN's packed matmul for the head,
+    three rounds. Each round's results equal the first round's bit for bit: no kernel
+    leaves tile state another one computes with."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(11)
+        layer = Linear(torch.randn(960, 576, generator=gen).to(torch.bfloat16))
+        head = Linear(torch.randn(4096, 576, generator=gen).to(torch.bfloat16))
+        x = torch.randn(37, 576, generator=gen).to(torch.bfloat16)
+        q = torch.randn(1, 9, 37, 64, generator=gen).to(torch.bfloat16)
+        kv = torch.randn(2, 1, 3, 37, 64, generator=gen).to(torch.bfloat16)
+
+        def attention() -> torch.Tensor:
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, kv[0], kv[1], is_causal=True, enable_gqa=True
+            )
+
+        alone = (attention(), kernels.linear(layer, x), head(x))
+        for _ in range(3):
+            got = (attention(), kernels.linear(layer, x), head(x))
+            for want, have in zip(alone, got, strict=True):
+                assert torch.equal(want, have)
+    finally:
+        torch.set_num_threads(previous)

@@ -36,6 +36,14 @@ static void tile_linear(const bf16* w, const bf16* a, const bf16* residual, bf16
     const int64_t blocks = n / 16, pairs = (blocks + 1) / 2, steps = k / 32;
     #pragma omp parallel num_threads(threads)
     {
+        // This thread is torch's: other AMX code on it (oneDNN's brgemm kernels, which
+        // PyTorch's CPU flash attention calls through a per-thread cache that skips the
+        // configuration while it believes its own is loaded: `Brgemm::get_current()` in
+        // aten/src/ATen/native/CPUBlas.cpp) may keep a configuration loaded between its
+        // calls. Keep whatever is loaded and put it back after, so this kernel leaves the
+        // thread's tile state as it found it (STTILECFG stores zeros in the INIT state).
+        alignas(64) TileConfig saved;
+        _tile_storeconfig(&saved);
         TileConfig cfg;
         for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
@@ -98,7 +106,10 @@ static void tile_linear(const bf16* w, const bf16* a, const bf16* residual, bf16
                 }
             }
         }
-        _tile_release();
+        if (saved.palette != 0)
+            _tile_loadconfig(&saved);
+        else
+            _tile_release();
     }
 }
 
