@@ -77,13 +77,15 @@ class SequenceSlice:
 
     ``first_row``/``num_rows``: its rows in ``[num_tokens]``; ``start_position``: the
     position of its first row; ``block_table``: block ids covering positions
-    ``0 .. start_position + num_rows - 1``.
+    ``0 .. start_position + num_rows - 1``; ``samples``: its last row gives logits (the
+    last chunk of a prompt, or a decode).
     """
 
     first_row: int
     num_rows: int
     start_position: int
     block_table: Sequence[int]
+    samples: bool = False
 
     @property
     def context_len(self) -> int:
@@ -91,6 +93,23 @@ class SequenceSlice:
 
     def num_blocks(self, block_size: int) -> int:
         return -(-self.context_len // block_size)
+
+    def first_kernel_row(self, block_size: int, kernel_max_rows: int) -> int:
+        """How many of its rows attend as an SDPA chunk; the rest attend through the paged
+        kernel. A slice of at most ``kernel_max_rows`` rows goes through the kernel
+        whole. A longer one that samples (a prompt's last chunk) sends its rows from the
+        start of its last block through the kernel too: those are the rows a later
+        request with the same prompt recomputes on the prefix cache (which holds every
+        block before the last token), in a slice that short, so they must attend the same
+        way here for the cache not to change the answer (the kernel's result for a row
+        depends on that row's keys only). Needs a kernel for any rows
+        (``kernel_max_rows > 1``)."""
+        if self.num_rows <= kernel_max_rows:
+            return 0
+        if not self.samples or kernel_max_rows <= 1:
+            return self.num_rows
+        last_block_start = (self.context_len - 1) // block_size * block_size
+        return max(0, last_block_start - self.start_position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,21 +179,22 @@ def build_step(
 ) -> StepBatch:
     """Lay out one step. Requests with at most ``kernel_max_rows`` rows attend through
     the paged kernel (``kernel_max_rows = 0``: none; 1: decodes only); the others are
-    SDPA chunks."""
+    SDPA chunks, but for a prompt's last block (``SequenceSlice.first_kernel_row``)."""
     positions = [p for s in slices for p in range(s.start_position, s.context_len)]
     n = len(positions)
-    small = [s for s in slices if s.num_rows <= kernel_max_rows]
+    splits = [s.first_kernel_row(block_size, kernel_max_rows) for s in slices]
     kernel_rows = None
-    if small:
-        width = max(s.num_blocks(block_size) for s in small)
+    through_kernel = [(s, k) for s, k in zip(slices, splits, strict=True) if k < s.num_rows]
+    if through_kernel:
+        width = max(s.num_blocks(block_size) for s, _ in through_kernel)
         tables = [
             list(s.block_table[: s.num_blocks(block_size)])
             + [scratch_block] * (width - s.num_blocks(block_size))
-            for s in small
+            for s, _ in through_kernel
         ]
-        rows = [s.first_row + i for s in small for i in range(s.num_rows)]
-        seqs = [j for j, s in enumerate(small) for _ in range(s.num_rows)]
-        lens = [s.start_position + i + 1 for s in small for i in range(s.num_rows)]
+        rows = [s.first_row + i for s, k in through_kernel for i in range(k, s.num_rows)]
+        seqs = [j for j, (s, k) in enumerate(through_kernel) for _ in range(k, s.num_rows)]
+        lens = [s.start_position + i + 1 for s, k in through_kernel for i in range(k, s.num_rows)]
         all_rows = len(rows) == n  # slices are in row order, so these are 0 .. n - 1
         kernel_rows = KernelRows(
             rows=None if all_rows else torch.tensor(rows, device=device),
@@ -186,14 +206,16 @@ def build_step(
     chunks = [
         Chunk(
             s.first_row,
-            s.num_rows,
+            k,
             s.start_position,
             torch.tensor(
-                list(s.block_table[: s.num_blocks(block_size)]), dtype=torch.int64, device=device
+                list(s.block_table[: -(-(s.start_position + k) // block_size)]),
+                dtype=torch.int64,
+                device=device,
             ),
         )
-        for s in slices
-        if s.num_rows > kernel_max_rows
+        for s, k in zip(slices, splits, strict=True)
+        if k > 0
     ]
     pos = torch.tensor(positions, dtype=torch.int64, device=device)
     return StepBatch(

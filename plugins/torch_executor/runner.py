@@ -192,7 +192,9 @@ class ModelRunner:
         slices = []
         row = 0
         for s in scheduled:
-            slices.append(SequenceSlice(row, s.num_tokens, s.start_position, s.block_table))
+            slices.append(
+                SequenceSlice(row, s.num_tokens, s.start_position, s.block_table, s.sample)
+            )
             row += s.num_tokens
         token_ids = [t for s in scheduled for t in s.token_ids]
         if self.graphs is not None and all(s.num_tokens == 1 and s.sample for s in scheduled):

@@ -3,7 +3,8 @@ requests: ``python -m tests.e2e.first_request --dtype DTYPE --cache-dir DIR``, w
 ``ORCHESTRATOR_CPU_ISA`` choosing the kernel variant. Prints one JSON object: the
 platform the executor resolved (``describe``) and the greedy tokens of four requests in
 this order: the README's chat example, the same again, a second chat prompt, and the
-README example once more.
+README example once more; then, for eight more chat prompts, each answered twice in a row
+(the second time on the prefix cache).
 
 It runs in a process of its own so that nothing is warm: no kernel has run on any
 thread, oneDNN and the CPU flash-attention kernel have compiled no shape, the KV pool
@@ -26,12 +27,25 @@ from orchestrator.gateway.config import load_serve_config
 SERVE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "serve" / "smollm2-cpu.yaml"
 README_CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 OTHER_CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
+# Prompts whose greedy answers in bfloat16 changed on the prefix cache before a prompt's
+# last block attended as a cached continuation does (3 of 16 on an AMD EPYC with
+# AVX512-BF16), and others.
+REPEATED = [
+    "How many legs does a spider have?",
+    "What colour is the sky?",
+    "Name a famous physicist.",
+    "Who wrote Hamlet?",
+    "What is 12 times 7?",
+    "What do bees make?",
+    "Which ocean is the biggest?",
+    "Write a haiku about rain.",
+]
 MAX_TOKENS = 24
 
 
-def chat_prompts() -> list[list[int]]:
-    """The four prompts' token ids, rendered by the model's chat template as the gateway
-    renders them (``tokenizer.encode_chat``)."""
+def chat_prompts() -> tuple[list[list[int]], list[list[int]]]:
+    """The four first prompts and the repeated ones, as token ids rendered by the model's
+    chat template as the gateway renders them (``tokenizer.encode_chat``)."""
     tokenizer = load_tokenizer(load_serve_config(SERVE_CONFIG).model)
 
     def render(messages: list[dict[str, str]]) -> list[int]:
@@ -39,7 +53,8 @@ def chat_prompts() -> list[list[int]]:
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     readme, other = render(README_CHAT), render(OTHER_CHAT)
-    return [readme, readme, other, readme]
+    repeated = [render([{"role": "user", "content": q}]) for q in REPEATED]
+    return [readme, readme, other, readme], repeated
 
 
 def build_engine(dtype: str, cache_dir: str) -> EngineCore:
@@ -73,14 +88,21 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], required=True)
     parser.add_argument("--cache-dir", required=True)
     args = parser.parse_args()
-    prompts = chat_prompts()
+    prompts, repeated = chat_prompts()
     engine = build_engine(args.dtype, args.cache_dir)
     try:
         platform = dict(engine.executor.info().platform)
         answers = [answer(engine, f"r{i}", p) for i, p in enumerate(prompts)]
+        repeats = [
+            [answer(engine, f"p{i}-{j}", p) for j in range(2)] for i, p in enumerate(repeated)
+        ]
     finally:
         engine.executor.shutdown()
-    print(json.dumps({"platform": platform, "prompts": prompts, "answers": answers}))
+    print(
+        json.dumps(
+            {"platform": platform, "prompts": prompts, "answers": answers, "repeats": repeats}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ thread pool, as ``make serve`` runs.
 
 A state that only the first calls see (a tile configuration, a packed-weight reorder, a
 kernel compiled on first use, a pool never written) shows as a first answer unlike the
-same request sent again, or unlike the float32 reference. The checks read each answer up
-to its first end-of-turn token, the text a client gets:
+same request sent again, or unlike the float32 reference:
 
-- the README's example answered first equals the same request sent again (which runs on
-  the prefix cache) and sent a third time after another prompt;
-- each answer agrees with transformers' float32 greedy tokens on the same prompt, except
+- the README's example answered first equals, token for token, the same request sent
+  again (which runs on the prefix cache) and sent a third time after another prompt;
+  and so does each of eight more prompts answered twice (the prefix cache must never
+  change a greedy answer);
+- each answer, read up to its first end-of-turn token (the text a client gets), agrees with transformers' float32 greedy tokens on the same prompt, except
   where the reference itself was within the bfloat16 model's logit error of a tie (1.0,
   the bar in ``test_weight_formats.py``): from the first such point on, the two may
   part.
@@ -107,8 +108,11 @@ def test_the_first_answers_of_a_fresh_engine_are_right(
 ) -> None:
     run = fresh_engine_answers(variant, dtype, weights_ready)
     assert run["platform"]["kernels"] == variant, run["platform"]
-    first, again, other, third = (visible(a) for a in run["answers"])
+    first, again, other, third = run["answers"]
     assert first == again == third, (first, again, third, run["platform"])
+    for i, (alone, on_cache) in enumerate(run["repeats"]):
+        assert alone == on_cache, (i, alone, on_cache, run["platform"])
     readme, _, other_prompt, _ = run["prompts"]
+    first, other = visible(first), visible(other)
     assert_agrees_up_to_a_tie(first, *reference_greedy(reference, readme, END_OF_TURN))
     assert_agrees_up_to_a_tie(other, *reference_greedy(reference, other_prompt, END_OF_TURN))

@@ -275,3 +275,71 @@ def test_a_failed_kernel_build_falls_back_to_torch_ops(
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
     assert load_kernels(tmp_path) is None
     assert not list((tmp_path / "torch_executor" / "kernels").glob("*.so"))
+
+
+def test_a_sampling_chunk_sends_its_last_block_through_the_kernel() -> None:
+    """The rows a later request with the same prompt recomputes on the prefix cache (from
+    the start of the prompt's last block) attend through the kernel; the others, and
+    chunks that do not sample, as SDPA chunks."""
+    rope = RotaryTable(ARGS, 128, torch.float32)
+    table = [4, 7, 1]
+    cases = [
+        (SequenceSlice(0, 37, 0, table, samples=True), 16, 32),  # tail: positions 32-36
+        (SequenceSlice(0, 32, 0, table[:2], samples=True), 16, 16),  # aligned: last block
+        (SequenceSlice(0, 21, 16, table, samples=True), 16, 16),  # from 16: 32-36 again
+        (SequenceSlice(0, 37, 0, table, samples=False), 16, 37),  # a middle chunk
+        (SequenceSlice(0, 37, 0, table, samples=True), 1, 37),  # no kernel for chunks
+        (SequenceSlice(0, 5, 32, table, samples=True), 16, 0),  # short: all kernel
+    ]
+    for sl, max_rows, first in cases:
+        assert sl.first_kernel_row(16, max_rows) == first, sl
+        step = build_step([sl], 16, rope, 99, max_rows)
+        chunk_rows = sum(c.num_rows for c in step.chunks)
+        kernel = step.kernel_rows
+        kernel_rows = 0 if kernel is None else len(kernel.lens)
+        assert (chunk_rows, kernel_rows) == (first, sl.num_rows - first), sl
+        if kernel is not None and first:
+            tail = range(first, sl.num_rows)
+            assert kernel.rows is not None and kernel.rows.tolist() == list(tail)
+            assert kernel.lens.tolist() == [sl.start_position + i + 1 for i in tail]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
+    kernels: Kernels, dtype: torch.dtype
+) -> None:
+    """A 300-token prompt prefilled whole (its last chunk samples) and the same prompt's
+    last block recomputed over its cached prefix, in a batch with other rows, on 1 and 2
+    threads: the last block's attention is equal bit for bit, so the prefix cache cannot
+    change the first token (head_dim 64: the vectorised kernel, keys in parts)."""
+    args = dataclasses.replace(ARGS, head_dim=64)
+    torch.manual_seed(4)
+    width = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
+    qkv = torch.randn(300, width).to(dtype)
+    other = torch.randn(3, width).to(dtype)
+    table, other_table = list(range(19)), [30, 31, 32]
+    rope = RotaryTable(args, 512, dtype)
+    previous = torch.get_num_threads()
+    try:
+        outs = []
+        for threads, cached in [(1, False), (2, True), (1, True), (2, False)]:
+            torch.set_num_threads(threads)
+            cache = PagedKVCache(args, 40, 16, dtype)
+            if cached:  # the prefix as an earlier request left it; then the last block
+                fill = build_step([SequenceSlice(0, 288, 0, table)], 16, rope, 40, 16)
+                PagedAttention(cache, fill, args, rope, kernels)(0, qkv[:288])
+                slices = [
+                    SequenceSlice(0, 12, 288, table, samples=True),
+                    SequenceSlice(12, 3, 40, other_table, samples=True),
+                ]
+                rows = torch.cat([qkv[288:], other])
+            else:
+                slices = [SequenceSlice(0, 300, 0, table, samples=True)]
+                rows = qkv
+            step = build_step(slices, 16, rope, 40, 16)
+            out = PagedAttention(cache, step, args, rope, kernels)(0, rows)
+            outs.append(out[288:300] if not cached else out[:12])
+        for out in outs[1:]:
+            assert torch.equal(out, outs[0])
+    finally:
+        torch.set_num_threads(previous)

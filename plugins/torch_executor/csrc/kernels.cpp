@@ -34,8 +34,7 @@ static void paged_attention(const T* q, const T* k, const T* v, const int64_t* t
                             int64_t bs, int64_t max_blocks, int64_t max_len, float scale,
                             int threads) {
     const int64_t group = heads / kv_heads;
-    const int64_t splits = attention_splits(n, kv_heads, max_len, bs, threads,
-                                            part_kernel<T>(bs, hd, group) != nullptr);
+    const int64_t splits = attention_splits(max_len, bs, part_kernel<T>(bs, hd, group) != nullptr);
     std::vector<float> parts(attention_parts_size(n, heads, hd, splits));
     #pragma omp parallel num_threads(threads)
     {

@@ -327,15 +327,21 @@ static PartFn<T> part_kernel(int64_t bs, int64_t hd, int64_t group) {
     return nullptr;
 }
 
-// How many key ranges each (row, KV head) is split into: enough items to keep every
-// thread busy when rows * kv_heads is small (one decode: 3 KV heads on 2 threads would
-// leave one thread idle half the time), at most 8 and at most one per block.
-static inline int64_t attention_splits(int64_t n, int64_t kv_heads, int64_t max_len,
-                                       int64_t bs, int threads, bool vectorised) {
-    if (!vectorised || threads <= 1) return 1;
-    const int64_t items = n * kv_heads;
-    const int64_t want = (4 * threads + items - 1) / items;
-    return std::max<int64_t>(1, std::min<int64_t>({want, 8, (max_len + bs - 1) / bs}));
+// Keys per part: a row's keys are split into parts of this many blocks at fixed offsets
+// (part s covers blocks s * PART_BLOCKS ..), and the parts are merged in order. A row's
+// result then depends on its own keys only, never on which rows share its step or on the
+// thread count: a prompt's last tokens attend the same whether their prefix was computed
+// in this step or taken from the prefix cache, so the cache never changes a greedy
+// answer. 8 blocks keeps one decode busy on 2 threads (3 KV heads x 3 parts at 300
+// keys) with a merge of a few vectors per part.
+constexpr int64_t PART_BLOCKS = 8;
+
+// Parts per (row, KV head) in a step whose longest row has max_len keys (shorter rows
+// leave their last parts empty; an empty part adds exactly nothing in merge_parts).
+static inline int64_t attention_splits(int64_t max_len, int64_t bs, bool vectorised) {
+    if (!vectorised) return 1;
+    const int64_t blocks = (max_len + bs - 1) / bs;
+    return std::max<int64_t>(1, (blocks + PART_BLOCKS - 1) / PART_BLOCKS);
 }
 
 // Scratch floats one thread needs (attend_row's buffer), and the shared floats the split
@@ -361,8 +367,7 @@ static void paged_attention_rows(const T* q, const T* k, const T* v, const int64
     const int64_t group = heads / kv_heads;
     const int64_t head_stride = num_blocks * bs * hd;
     const PartFn<T> part = part_kernel<T>(bs, hd, group);
-    // Whole (row, KV head) items go 4 to a chunk (as many items as threads need);
-    // split items one at a time, since there are few of them.
+    // Whole (row, KV head) items go 4 to a chunk; parts go 2 to a chunk.
     if (part == nullptr) {
         #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int64_t r = 0; r < n; ++r) {
@@ -394,13 +399,12 @@ static void paged_attention_rows(const T* q, const T* k, const T* v, const int64
     float* acc = parts;
     float* m = acc + n * heads * splits * hd;
     float* l = m + n * heads * splits;
-    #pragma omp for collapse(3) schedule(dynamic, 1)
+    #pragma omp for collapse(3) schedule(dynamic, 2)
     for (int64_t r = 0; r < n; ++r) {
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
             for (int64_t s = 0; s < splits; ++s) {
-                const int64_t blocks = (lens[r] + bs - 1) / bs;
-                const int64_t begin = std::min(lens[r], blocks * s / splits * bs);
-                const int64_t end = std::min(lens[r], blocks * (s + 1) / splits * bs);
+                const int64_t begin = std::min(lens[r], s * PART_BLOCKS * bs);
+                const int64_t end = std::min(lens[r], (s + 1) * PART_BLOCKS * bs);
                 const int64_t item = (r * kv_heads + kh) * splits + s;
                 const int64_t off = (r * heads + kh * group) * hd;
                 part(q + off, k + kh * head_stride, v + kh * head_stride,

@@ -57,8 +57,7 @@ extern "C" void decode_stack_f32(const int64_t* layer_addresses, int64_t num_lay
     const Layer* layers = reinterpret_cast<const Layer*>(layer_addresses);
     const int64_t group = heads / kv_heads;
     const int64_t qkv_width = (heads + 2 * kv_heads) * hd;
-    const int64_t splits = attention_splits(n, kv_heads, max_len, bs, threads,
-                                            part_kernel<float>(bs, hd, group) != nullptr);
+    const int64_t splits = attention_splits(max_len, bs, part_kernel<float>(bs, hd, group) != nullptr);
     const int64_t widest = std::max({hidden, heads * hd, inter});
     std::vector<float> x(n * hidden), qkv(n * qkv_width), q(n * heads * hd), a(n * heads * hd);
     std::vector<float> gate_up(n * 2 * inter), act(n * inter), xs(n * (widest / QGROUP + 1));
