@@ -43,6 +43,7 @@ import argparse
 import dataclasses
 import importlib
 import inspect
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -54,6 +55,7 @@ from orchestrator.common.name_checks import NameCheck, run_checks
 from orchestrator.core import SamplingParams, ScheduledRequest, SchedulerOutput
 from plugins.trtllm import translate
 from plugins.trtllm.config import TrtllmExecutorConfig
+from plugins.trtllm.errors import TrtllmError
 from plugins.trtllm.llm_api import translate as llm_translate
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
 from plugins.trtllm.llm_api.guided import Guide
@@ -66,6 +68,7 @@ from plugins.trtllm.names import (
     GENERATE_ASYNC_OPTIONAL,
     IN_EXECUTOR_LLM_OPTIONS,
     IN_EXECUTOR_NAMES,
+    IN_EXECUTOR_PY_EXECUTOR_MODULE,
     IN_EXECUTOR_SCHEDULER_MODULE,
     LLM_API_BINDINGS,
     LLM_API_MODULE,
@@ -573,7 +576,8 @@ def generate(executor: Any, block_size: int, prompt: list[int], max_tokens: int)
 
 
 def in_executor_checks(import_module: ImportModule, version: str, out: TextIO) -> list[NameCheck]:
-    """The release gate, the ``SchedulerOutput`` fields, and every listed private name."""
+    """The release gate, the ``SchedulerOutput`` fields, every listed private name, and
+    every name ``PyExecutor`` reaches on its scheduler (``scheduler_use_checks``)."""
     from plugins.trtllm.in_executor import install
 
     def gate() -> str | None:
@@ -610,7 +614,41 @@ def in_executor_checks(import_module: ImportModule, version: str, out: TextIO) -
             )
         else:
             checks.append(_member_check(llmapi, LLM_API_MODULE, "TorchLlmArgs", option))
-    return checks
+    return checks + scheduler_use_checks(import_module)
+
+
+# A use of the executor's scheduler in PyExecutor's source: self.scheduler.<name>.
+_SCHEDULER_USE = re.compile(r"\bself\.scheduler\.([A-Za-z_]\w*)")
+
+
+def scheduler_use_checks(import_module: ImportModule) -> list[NameCheck]:
+    """One check per name the installed ``PyExecutor`` reaches on its scheduler
+    (``self.scheduler.<name>`` anywhere in its class source), each looked up on our
+    scheduler as the installer builds it (derived from the installed
+    ``RequestScheduler``): a newer executor calling a method ours lacks fails here, not
+    in the first iteration on a GPU."""
+    from plugins.trtllm.in_executor import install
+
+    label = "PyExecutor's calls on its scheduler"
+    py_executor = _imported(import_module, IN_EXECUTOR_PY_EXECUTOR_MODULE)
+    sched = _imported(import_module, IN_EXECUTOR_SCHEDULER_MODULE)
+    if py_executor is None or sched is None:
+        return [_fails(label, "the executor or scheduler module does not import")]
+    try:
+        source = inspect.getsource(py_executor.PyExecutor)
+        ours = install.derived_scheduler(sched.RequestScheduler)
+    except (AttributeError, OSError, TypeError, TrtllmError) as err:
+        return [_fails(label, str(err))]
+
+    def check(name: str) -> NameCheck:
+        def run() -> str | None:
+            if hasattr(ours, name):
+                return None
+            return f"PyExecutor calls self.scheduler.{name}; the in-executor scheduler has none"
+
+        return NameCheck(f"PyExecutor calls self.scheduler.{name}", run)
+
+    return [check(name) for name in sorted(set(_SCHEDULER_USE.findall(source)))]
 
 
 def _fails(label: str, why: str) -> NameCheck:

@@ -357,6 +357,10 @@ IN_EXECUTOR_RESOURCE_MANAGER_MODULE = "tensorrt_llm._torch.pyexecutor.resource_m
 IN_EXECUTOR_CREATOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
 IN_EXECUTOR_PY_EXECUTOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor"
 IN_EXECUTOR_FACTORY = "create_py_executor_instance"
+# The KV estimation pass runs on TensorRT-LLM's own scheduler (in_executor/install.py).
+IN_EXECUTOR_UTIL_MODULE = "tensorrt_llm._torch.pyexecutor._util"
+IN_EXECUTOR_KV_CREATOR = "KvCacheCreator"
+IN_EXECUTOR_KV_ESTIMATION = "configure_kv_cache_capacity"
 # More than one tensor-parallel rank (in_executor/workers.py): the proxy's module global
 # that it submits to every MPI worker, and TensorRT-LLM's own, which ours calls there.
 IN_EXECUTOR_PROXY_MODULE = "tensorrt_llm.executor.proxy"
@@ -381,6 +385,7 @@ IN_EXECUTOR_NAMES: tuple[PrivateNames, ...] = (
         (
             "state",
             "get_tokens",
+            "get_last_tokens",
             "get_num_tokens",
             "max_new_tokens",
             "context_current_position",
@@ -389,6 +394,7 @@ IN_EXECUTOR_NAMES: tuple[PrivateNames, ...] = (
         instance=("py_request_id", "py_client_id"),
     ),
     PrivateNames(IN_EXECUTOR_CREATOR_MODULE, "", (IN_EXECUTOR_FACTORY,)),
+    PrivateNames(IN_EXECUTOR_UTIL_MODULE, IN_EXECUTOR_KV_CREATOR, (IN_EXECUTOR_KV_ESTIMATION,)),
     PrivateNames(IN_EXECUTOR_PY_EXECUTOR_MODULE, "PyExecutor", ("_schedule", "_pause_requests")),
     PrivateNames(
         IN_EXECUTOR_PY_EXECUTOR_MODULE,
@@ -400,6 +406,7 @@ IN_EXECUTOR_NAMES: tuple[PrivateNames, ...] = (
             "dist",
             "disable_overlap_scheduler",
             "enable_attention_dp",
+            "max_input_len",
         ),
     ),
     PrivateNames(IN_EXECUTOR_RESOURCE_MANAGER_MODULE, "KVCacheManager", ("get_kv_cache_stats",)),

@@ -27,7 +27,10 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
   exposes no commit): the same ``dist.broadcast`` our decision uses, called by every
   rank in the same order each iteration. Then it runs the
   loop of ``tests/trtllm/fake_pyexecutor.py`` until told to stop, bounded in iterations
-  and time, and puts what it observed on ``results``.
+  and time, and puts what it observed on ``results``; rank 0 reports on ``progress``, as
+  they happen, ``("finished", id)``, ``("held", id)`` (a request held for its facts
+  after an iteration) and ``("disconnected", 0)`` (its channel link broke), so the
+  serving side waits on events rather than on time.
 - ``MpiDist``: ``Distributed`` (``tensorrt_llm/_torch/distributed/communicator.py`` at
   ``a1cf28f9``): ``rank``, ``tp_size``, ``pp_size``, ``cp_size``, and
   ``broadcast(obj, root=0)``, which pickles rank 0's object and hands it to every other
@@ -47,10 +50,13 @@ from typing import Any
 
 from tests.trtllm.fake_pyexecutor import (
     OUTPUT_TYPES,
+    UTIL_MODULE,
+    FakeKvCacheCreator,
     FakeKvCacheManager,
     FakeLlmRequest,
     FakePyExecutor,
     LlmRequestState,
+    RequestScheduler,
     position_sampler,
 )
 
@@ -193,6 +199,9 @@ def worker_main(
     stopping, timed_out = False, False
     deadline = time.monotonic() + deadline_s
     reported: set[int] = set()
+    held: set[int] = set()
+    link = getattr(adapter, "_facts", None)
+    disconnected = False
     while not (stopping and not loop.has_work()):
         if iteration >= max_iterations or time.monotonic() > deadline:
             timed_out = True
@@ -226,10 +235,15 @@ def worker_main(
             )
         if dist.rank == 0:
             for rid in loop.finished.keys() - reported:
-                finishes.put(rid)
+                finishes.put(("finished", rid))
                 reported.add(rid)
+            for rid in adapter.awaiting_facts.keys() - held:
+                finishes.put(("held", rid))
+                held.add(rid)
+            if link is not None and not link.connected and not disconnected:
+                finishes.put(("disconnected", 0))
+                disconnected = True
         iteration += 1
-    link = getattr(adapter, "_facts", None)
     reports.put(
         {
             "rank": dist.rank,
@@ -263,7 +277,7 @@ MODULES: dict[str, Any] = {
     "tensorrt_llm": types.SimpleNamespace(__version__=VERSION),
     "tensorrt_llm._torch.pyexecutor.scheduler": types.SimpleNamespace(
         SchedulerOutput=OUTPUT_TYPES["1.3"],
-        RequestScheduler=types.SimpleNamespace(schedule_request=print),
+        RequestScheduler=RequestScheduler,
     ),
     "tensorrt_llm._torch.pyexecutor.llm_request": types.SimpleNamespace(
         LlmRequestState=LlmRequestState
@@ -272,6 +286,7 @@ MODULES: dict[str, Any] = {
         ResourceManagerType=types.SimpleNamespace(KV_CACHE_MANAGER="KV")
     ),
     "tensorrt_llm._torch.pyexecutor.py_executor_creator": CREATOR,
+    UTIL_MODULE: types.SimpleNamespace(KvCacheCreator=FakeKvCacheCreator),
     "tensorrt_llm.executor.proxy": PROXY,
     "tensorrt_llm.executor.worker": WORKER,
 }

@@ -9,7 +9,11 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
 - ``LlmRequestState``: the states the schedulers compare, ordered by value as
   ``PyCapacityScheduler`` (scheduler.py at ``034fffb0``) relies on
   (``state.value < no_schedule_until_state.value``...).
-- ``FakeLlmRequest``: ``py_request_id``, ``state``, ``get_tokens(0)``,
+- ``FakeLlmRequest``: ``py_request_id``, ``state``, ``get_tokens(0)`` (a new list each
+  call, as the binding of C++ ``getTokens(beam)`` returns a copy; counted in
+  ``num_token_copies``), ``get_last_tokens(0)`` (the last token alone, C++
+  ``getLastTokens(beam)``; ``py_executor.py`` at ``9521caf4`` reads a request's newest
+  token this way, ``req.get_last_tokens(0)``),
   ``get_num_tokens(0)``, ``prompt_len``, ``max_new_tokens``, ``context_current_position``,
   ``context_chunk_size`` (settable), ``context_remaining_length``,
   ``is_last_context_chunk``, ``is_first_context_chunk``; ``pause(max_input_len)`` as
@@ -32,6 +36,17 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
   advances by its chunk); sample (a context request on its last chunk and every
   generation request gain one token); requests that reached ``max_new_tokens`` end
   (``GENERATION_COMPLETE``, resources freed, removed from ``active_requests``).
+- the forward pass's token limit: the model engine asserts ``total_num_tokens <=
+  self.max_num_tokens`` (``model_engine.py``, ``_prepare_tp_inputs``, stored copies)
+  and ``_forward_step`` answers any exception with ``_handle_errors(error_msg)``, which
+  ends every active request with that error (``py_executor.py`` at ``9521caf4``):
+  ``max_num_tokens`` (``None``: unchecked) and ``errors``.
+- batch waiting (``enable_batch_waiting``: ``batch_wait_timeout_iters`` or
+  ``batch_wait_max_tokens_ratio`` set): ``PyExecutor._schedule`` passes the scheduler's
+  context requests through ``_waiting_requests`` whenever generation requests are
+  scheduled too, which returns none of them until enough tokens are scheduled or the
+  wait times out (``py_executor.py``, stored copy with ``_prepare_and_schedule_batch``);
+  here they always wait.
 - ``cancel`` (what the LLM API's ``RequestOutput.abort()`` asks of the executor; the
   path between them was not re-read): ``PyExecutor.cancel_request(id)`` only records
   the id (``canceled_req_ids``; ``py_executor.py`` at ``9521caf4``, the oldest stored
@@ -47,10 +62,22 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
 
 from __future__ import annotations
 
+import abc
 import enum
+import threading
+import types
 from collections import namedtuple
 from collections.abc import Callable
 from typing import Any
+
+# PyExecutor.__init__'s max_input_len default (py_executor.py at 9521caf4), which
+# _pause_requests passes to req.pause; create_py_executor_instance never passes one (the
+# PyExecutor(...) call of _util.py, stored copies). Newer code pauses for recompute with
+# _UNBOUNDED_PAUSE_MAX_INPUT_LEN = 0x7fffffff instead, "instead of inheriting TRT
+# build-time max_input_len truncation" (py_executor.py at 0004396).
+PAUSE_MAX_INPUT_LEN = 2048
+CREATOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
+UTIL_MODULE = "tensorrt_llm._torch.pyexecutor._util"
 
 OUTPUT_TYPES = {
     "1.2": namedtuple(
@@ -79,6 +106,18 @@ OUTPUT_TYPES = {
 }
 
 
+class RequestScheduler(abc.ABC):
+    """TensorRT-LLM's scheduler base (``scheduler.py`` at ``034fffb0``): an ABC with the
+    abstract ``schedule_request(active_requests, inflight_request_ids)`` and
+    ``can_schedule(requests)``, no ``__init__`` and no state."""
+
+    @abc.abstractmethod
+    def schedule_request(self, active_requests: Any, inflight_request_ids: Any) -> Any: ...
+
+    @abc.abstractmethod
+    def can_schedule(self, requests: Any) -> bool: ...
+
+
 class LlmRequestState(enum.Enum):
     UNKNOWN = 0
     ENCODER_INIT = 1
@@ -102,9 +141,15 @@ class FakeLlmRequest:
         self.context_current_position = 0
         self.context_chunk_size = self.prompt_len
         self.num_generated = 0  # since the last pause
+        self.num_token_copies = 0  # get_tokens calls (each copies the sequence)
 
     def get_tokens(self, beam: int) -> list[int]:
-        return self.tokens
+        # The binding converts the C++ vector into a new list: a copy of every token.
+        self.num_token_copies += 1
+        return list(self.tokens)
+
+    def get_last_tokens(self, beam: int) -> int:
+        return self.tokens[-1]
 
     def get_num_tokens(self, beam: int) -> int:
         return len(self.tokens)
@@ -211,11 +256,16 @@ class FakePyExecutor:
         kv: FakeKvCacheManager,
         sampler: Sampler,
         *,
-        max_input_len: int = 1 << 20,
+        max_input_len: int = PAUSE_MAX_INPUT_LEN,
         on_iteration: Callable[[Any], None] | None = None,
         on_allocated: Callable[[], None] | None = None,
+        max_num_tokens: int | None = None,
+        enable_batch_waiting: bool = False,
     ) -> None:
         self.scheduler = scheduler
+        self.max_num_tokens = max_num_tokens
+        self.enable_batch_waiting = enable_batch_waiting
+        self.errors: dict[int, str] = {}  # requests _handle_errors ended, with the message
         self.kv = kv
         self.sampler = sampler
         self.max_input_len = max_input_len
@@ -240,17 +290,29 @@ class FakePyExecutor:
             self._end(req)
         self.canceled_req_ids.clear()
 
-    def iterate(self) -> Any:
+    def _fetch(self) -> None:
         self.active_requests.extend(self._queue)  # _fetch_new_requests
         self._queue = []
+
+    def iterate(self) -> Any:
+        self._fetch()
         out = self.scheduler.schedule_request(self.active_requests, self.inflight_req_ids)
         for req in out.paused_requests:  # _pause_requests
             req.pause(self.max_input_len)
             self.kv.free_resources(req)
         context, generation = list(out.context_requests), list(out.generation_requests)
+        if self.enable_batch_waiting and context and generation:
+            context = []  # _waiting_requests: the context requests wait for a fuller batch
         self.kv.prepare_resources(context, generation)
         if self.on_allocated is not None:
             self.on_allocated()
+        num_tokens = sum(r.context_chunk_size for r in context) + len(generation)
+        if self.max_num_tokens is not None and num_tokens > self.max_num_tokens:
+            self._handle_errors(
+                f"total_num_tokens ({num_tokens}) should be less than or equal to "
+                f"max_num_tokens ({self.max_num_tokens})"
+            )
+            return out
         sampled = []
         for req in context:  # forward, then sample
             last = req.is_last_context_chunk
@@ -264,6 +326,12 @@ class FakePyExecutor:
         if self.on_iteration is not None:
             self.on_iteration(out)
         return out
+
+    def _handle_errors(self, error_msg: str) -> None:
+        """The forward pass raised: every active request ends with the error."""
+        for req in list(self.active_requests):
+            self.errors[req.py_request_id] = error_msg
+            self._end(req)
 
     def _sample(self, sampled: list[FakeLlmRequest]) -> None:
         for req in sampled:
@@ -280,6 +348,194 @@ class FakePyExecutor:
 
     def has_work(self) -> bool:
         return bool(self.active_requests or self._queue)
+
+
+class FakeSimpleScheduler:
+    """TensorRT-LLM's own scheduler (``SimpleScheduler(capacity_scheduler,
+    mb_scheduler)`` built by ``create_py_executor_instance``; ``scheduler.py`` at
+    ``034fffb0``) as far as the KV estimation pass needs it: every context request with
+    its whole remaining prompt as one chunk (each dummy prompt fits ``max_num_tokens``),
+    every generation request, nothing paused. ``output_type``: the release's
+    ``SchedulerOutput``."""
+
+    def __init__(self, output_type: Any) -> None:
+        self.output_type = output_type
+
+    def schedule_request(self, active_requests: list[FakeLlmRequest], inflight: Any) -> Any:
+        context = [r for r in active_requests if r.state == LlmRequestState.CONTEXT_INIT]
+        for req in context:
+            req.context_chunk_size = req.context_remaining_length
+        generation = [
+            r for r in active_requests if r.state == LlmRequestState.GENERATION_IN_PROGRESS
+        ]
+        values = {
+            "encoder_requests": [],
+            "context_requests": context,
+            "generation_requests": generation,
+            "paused_requests": [],
+            "fitting_disagg_gen_init_requests": [],
+            "num_fitting_requests": len(context) + len(generation),
+            "scheduled_mm_encoder_items": None,
+        }
+        return self.output_type(**{name: values[name] for name in self.output_type._fields})
+
+
+class FakeWorkerExecutor(FakePyExecutor):
+    """A ``PyExecutor`` whose loop runs on a thread of its own, as
+    ``create_py_executor_instance`` builds it (``start_worker=False``) and
+    ``configure_kv_cache_capacity`` starts it (``py_executor.py`` at ``9521caf4``):
+    ``enqueue_requests`` queues prompts and returns their ids; ``start_worker`` starts
+    the loop, which waits for requests only while ``active_requests`` is empty
+    (``_fetch_new_requests``: timeout ``None``, else 0) and otherwise iterates without
+    pause; ``await_responses(ids)`` blocks, with no timeout, until every id has its final
+    response (here: it ended); ``shutdown`` stops the loop once nothing is active (the
+    loop runs ``while not self.is_shutdown or len(self.active_requests) > 0``).
+    ``scheduler`` starts as TensorRT-LLM's own (``FakeSimpleScheduler``); ``dist``,
+    ``disable_overlap_scheduler``, ``enable_attention_dp`` and
+    ``resource_manager.resource_managers[kv_key]`` are what the installer reads."""
+
+    def __init__(
+        self,
+        kv: FakeKvCacheManager,
+        output_type: Any,
+        dist: Any,
+        kv_key: Any = "KV",
+        *,
+        max_input_len: int = PAUSE_MAX_INPUT_LEN,
+    ) -> None:
+        super().__init__(
+            FakeSimpleScheduler(output_type),
+            kv,
+            position_sampler(1000),
+            max_input_len=max_input_len,
+        )
+        self.dist = dist
+        self.disable_overlap_scheduler = True
+        self.enable_attention_dp = False
+        self.resource_manager = types.SimpleNamespace(resource_managers={kv_key: kv})
+        self._cv = threading.Condition()
+        self._next_id = 1
+        self._shutdown = False
+        self._thread: threading.Thread | None = None
+
+    def enqueue_requests(
+        self, prompts: list[list[int]], max_tokens: int = 1, client_ids: list[int] | None = None
+    ) -> list[int]:
+        """Queue ``prompts`` (``client_ids``: the ids the LLM API's results carry, kept as
+        ``py_client_id``; by default the request ids); returns the request ids."""
+        with self._cv:
+            ids = []
+            for i, prompt in enumerate(prompts):
+                req = FakeLlmRequest(self._next_id, list(prompt), max_tokens)
+                if client_ids is not None:
+                    req.py_client_id = client_ids[i]
+                self._queue.append(req)
+                ids.append(self._next_id)
+                self._next_id += 1
+            self._cv.notify_all()
+            return ids
+
+    def _fetch(self) -> None:
+        with self._cv:
+            super()._fetch()
+
+    def start_worker(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="fake-executor", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._queue or self.active_requests or self._shutdown):
+                    self._cv.wait()
+                if self._shutdown and not (self._queue or self.active_requests):
+                    return
+            self.iterate()
+            with self._cv:
+                self._cv.notify_all()
+
+    def await_responses(self, ids: list[int]) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: all(i in self.finished for i in ids))
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._shutdown = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+
+class FakeKvCacheCreator:
+    """``KvCacheCreator`` (``tensorrt_llm/_torch/pyexecutor/_util.py``, stored copies:
+    the class and its ``configure_kv_cache_capacity(py_executor)`` are in every one
+    read) as far as the scheduler meets it. ``_create_dummy_context_requests(
+    max(1, net_max_seq_len - 1))``: prompts of ``min(max_num_tokens, net_max_seq_len -
+    1)`` tokens (the last one shorter) until ``max_num_tokens`` tokens in all, each with
+    ``max_tokens=1``; ``net_max_seq_len`` is the executor's ``max_seq_len`` when set,
+    else the model's own. ``_get_token_num_for_estimation``: a pool exactly for them
+    (each prompt plus one token, rounded up to whole blocks). ``configure_kv_cache_
+    capacity``: enqueue them, ``start_worker()``, ``await_responses(req_ids)`` with no
+    timeout, then ``shutdown()``; ``LLM()`` does not return before it does."""
+
+    def __init__(self, *, max_num_tokens: int, net_max_seq_len: int, tokens_per_block: int) -> None:
+        self.max_num_tokens = max_num_tokens
+        self.net_max_seq_len = net_max_seq_len
+        self.tokens_per_block = tokens_per_block
+
+    def dummy_prompts(self) -> list[list[int]]:
+        length = min(self.max_num_tokens, max(1, self.net_max_seq_len - 1))
+        prompts, remaining = [], self.max_num_tokens
+        while remaining > 0:
+            n = min(length, remaining)
+            prompts.append([(7 * i) % 997 + 1 for i in range(n)])
+            remaining -= n
+        return prompts
+
+    def estimation_blocks(self) -> int:
+        return sum(-(-(len(p) + 1) // self.tokens_per_block) for p in self.dummy_prompts())
+
+    def configure_kv_cache_capacity(self, py_executor: FakeWorkerExecutor) -> None:
+        req_ids = py_executor.enqueue_requests(self.dummy_prompts(), max_tokens=1)
+        py_executor.start_worker()
+        try:
+            py_executor.await_responses(req_ids)
+        finally:
+            py_executor.shutdown()
+
+
+def create_py_executor(
+    import_module: Callable[[str], Any],
+    *,
+    max_num_tokens: int,
+    max_seq_len: int | None,
+    model_max_seq_len: int,
+    num_blocks: int,
+    tokens_per_block: int,
+) -> Any:
+    """``py_executor_creator.create_py_executor`` with KV estimation on (the default
+    without context parallelism, ``try_prepare_estimation``; stored copies): build an
+    executor over the estimation pool through ``create_py_executor_instance``, run
+    ``KvCacheCreator.configure_kv_cache_capacity`` on it, drop it, then build the
+    serving executor over ``num_blocks`` blocks and start it. Both names are looked up
+    at call time on their module and class (``_util``'s ``KvCacheCreator``, imported
+    by ``py_executor_creator``), as the wraps that replace them need."""
+    creator = import_module(CREATOR_MODULE)
+    util = import_module(UTIL_MODULE)
+    kv_creator = util.KvCacheCreator(
+        max_num_tokens=max_num_tokens,
+        net_max_seq_len=max_seq_len or model_max_seq_len,
+        tokens_per_block=tokens_per_block,
+    )
+    estimation = creator.create_py_executor_instance(
+        num_blocks=kv_creator.estimation_blocks(), tokens_per_block=tokens_per_block
+    )
+    kv_creator.configure_kv_cache_capacity(estimation)
+    py_executor = creator.create_py_executor_instance(
+        num_blocks=num_blocks, tokens_per_block=tokens_per_block
+    )
+    py_executor.start_worker()
+    return py_executor
 
 
 class FakeDist:

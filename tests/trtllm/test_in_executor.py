@@ -5,8 +5,11 @@ recompute, two tensor-parallel ranks, per-request facts, and the version gate.""
 
 from __future__ import annotations
 
+import abc
 import os
+import queue
 import re
+import threading
 import types as pytypes
 from typing import Any
 
@@ -14,7 +17,9 @@ import pytest
 
 from orchestrator.core.clock import VirtualClock
 from orchestrator.core.config import SchedulerConfig
+from plugins.trtllm import names
 from plugins.trtllm.errors import TrtllmError
+from plugins.trtllm.in_executor import adapter as inst_adapter
 from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.adapter import CoreRequestScheduler, KvSource, our_priority
 from plugins.trtllm.in_executor.facts import FactsChannel, FactsSource, RequestFacts
@@ -23,11 +28,17 @@ from plugins.trtllm.in_executor.refusals import RefusalChannel
 from plugins.trtllm.llm_api.translate import llm_priority
 from tests.trtllm.fake_pyexecutor import (
     OUTPUT_TYPES,
+    UTIL_MODULE,
     FakeDist,
+    FakeKvCacheCreator,
     FakeKvCacheManager,
     FakeLlmRequest,
     FakePyExecutor,
+    FakeSimpleScheduler,
+    FakeWorkerExecutor,
     LlmRequestState,
+    RequestScheduler,
+    create_py_executor,
     position_sampler,
 )
 from tests.trtllm.in_executor_harness import (
@@ -407,20 +418,24 @@ def test_an_interface_other_than_the_one_read_is_refused() -> None:
 
 def fake_release_modules(version: str) -> dict[str, Any]:
     """Module stand-ins with the names load_release (and, on more than one rank,
-    workers.reach_workers) reads, shaped as the sources."""
-    from plugins.trtllm import names
+    workers.reach_workers) reads, shaped as the sources: the creator builds
+    ``FakeWorkerExecutor``s (8 blocks of 16 unless told) with TensorRT-LLM's own
+    scheduler, and ``_util`` holds a ``KvCacheCreator`` class of this release's own (the
+    installer wraps one of its methods)."""
+    output_type = OUTPUT_TYPES["1.2" if version.startswith("1.2") else "1.3"]
 
-    class PyExecutor:
-        def __init__(self, tp_size: int = 1, rank: int = 0) -> None:
-            self.scheduler: Any = "SimpleScheduler"
-            self.dist = pytypes.SimpleNamespace(
-                tp_size=tp_size, pp_size=1, rank=rank, broadcast=FakeDist().broadcast
-            )
-            self.disable_overlap_scheduler = True
-            kv = FakeKvCacheManager(8, BS)
-            self.resource_manager = pytypes.SimpleNamespace(resource_managers={"KV": kv})
+    def create_py_executor_instance(
+        tp_size: int = 1, rank: int = 0, num_blocks: int = 8, tokens_per_block: int = BS
+    ) -> FakeWorkerExecutor:
+        dist = pytypes.SimpleNamespace(
+            tp_size=tp_size, pp_size=1, rank=rank, broadcast=FakeDist().broadcast
+        )
+        return FakeWorkerExecutor(
+            FakeKvCacheManager(num_blocks, tokens_per_block), output_type, dist
+        )
 
-    creator = pytypes.SimpleNamespace(create_py_executor_instance=lambda **k: PyExecutor(**k))
+    class KvCacheCreator(FakeKvCacheCreator):
+        """This release's class (the installer wraps its method)."""
 
     def worker_main(**kwargs: Any) -> None:  # replaced by each test that reaches workers
         raise AssertionError("no worker in this test")
@@ -428,14 +443,17 @@ def fake_release_modules(version: str) -> dict[str, Any]:
     return {
         "tensorrt_llm": pytypes.SimpleNamespace(__version__=version),
         inst.SCHEDULER_MODULE: pytypes.SimpleNamespace(
-            SchedulerOutput=OUTPUT_TYPES["1.2" if version.startswith("1.2") else "1.3"],
-            RequestScheduler=pytypes.SimpleNamespace(schedule_request=print),
+            SchedulerOutput=output_type,
+            RequestScheduler=RequestScheduler,
         ),
         inst.LLM_REQUEST_MODULE: pytypes.SimpleNamespace(LlmRequestState=LlmRequestState),
         inst.RESOURCE_MANAGER_MODULE: pytypes.SimpleNamespace(
             ResourceManagerType=pytypes.SimpleNamespace(KV_CACHE_MANAGER="KV")
         ),
-        inst.CREATOR_MODULE: creator,
+        inst.CREATOR_MODULE: pytypes.SimpleNamespace(
+            create_py_executor_instance=create_py_executor_instance
+        ),
+        UTIL_MODULE: pytypes.SimpleNamespace(KvCacheCreator=KvCacheCreator),
         names.IN_EXECUTOR_PROXY_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
         names.IN_EXECUTOR_WORKER_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
     }
@@ -462,7 +480,8 @@ def test_install_puts_our_scheduler_on_every_executor_built_and_undo_restores(
     with pytest.raises(TrtllmError, match="already installed"):
         inst.install(release, factory)
     undo()
-    assert modules[inst.CREATOR_MODULE].create_py_executor_instance().scheduler == "SimpleScheduler"
+    own = modules[inst.CREATOR_MODULE].create_py_executor_instance().scheduler
+    assert isinstance(own, FakeSimpleScheduler)
     assert inst.SINGLE_PROCESS_ENV not in os.environ
 
 
@@ -480,6 +499,7 @@ def test_load_release_refuses_an_unchecked_release_before_touching_anything() ->
         ({"tp_size": 2, "pp_size": 1, "cp_size": 2}, {}, "one context-parallel rank"),
         ({"tp_size": 2, "pp_size": 1}, {"enable_attention_dp": True}, "attention data par"),
         ({"tp_size": 1, "pp_size": 1}, {"disable_overlap_scheduler": False}, "overlap sched"),
+        ({"tp_size": 1, "pp_size": 1}, {"enable_batch_waiting": True}, "batch waiting"),
     ],
 )
 def test_an_executor_the_adapter_cannot_schedule_is_refused_at_start(
@@ -508,7 +528,6 @@ def test_tensor_parallel_executors_are_accepted(tp_size: int) -> None:
 
 def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
     """Stand-ins for the private modules with the names check_names looks for."""
-    from plugins.trtllm import names
 
     class RequestScheduler:
         def schedule_request(self) -> None: ...
@@ -516,11 +535,14 @@ def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
         def can_schedule(self) -> None: ...
 
     class LlmRequest:
-        state = get_tokens = get_num_tokens = max_new_tokens = None
+        state = get_tokens = get_last_tokens = get_num_tokens = max_new_tokens = None
         context_current_position = context_chunk_size = None
 
     class PyExecutor:
-        def _schedule(self) -> None: ...
+        scheduler: Any
+
+        def _schedule(self) -> None:
+            self.scheduler.schedule_request([], set())
 
         def _pause_requests(self) -> None: ...
 
@@ -548,6 +570,7 @@ def private_modules(version: str, **replaced: Any) -> dict[str, Any]:
         names.IN_EXECUTOR_CREATOR_MODULE: pytypes.SimpleNamespace(
             create_py_executor_instance=print
         ),
+        names.IN_EXECUTOR_UTIL_MODULE: pytypes.SimpleNamespace(KvCacheCreator=FakeKvCacheCreator),
         names.IN_EXECUTOR_PY_EXECUTOR_MODULE: pytypes.SimpleNamespace(PyExecutor=PyExecutor),
         names.IN_EXECUTOR_RESOURCE_MANAGER_MODULE: pytypes.SimpleNamespace(
             KVCacheManager=KVCacheManager
@@ -581,14 +604,13 @@ def test_check_names_in_executor_mode_passes_on_the_names_read() -> None:
 
     status, text = check(private_modules("1.2.1"))
     assert status == 0, text
-    expected = 1 + sum(len(e.names) + (1 if e.owner else 0) for e in IN_EXECUTOR_NAMES) + 1
+    expected = 1 + sum(len(e.names) + (1 if e.owner else 0) for e in IN_EXECUTOR_NAMES) + 2
     assert sum(line.startswith("OK ") for line in text.splitlines()) == expected
     assert "py_request_id, py_client_id" in text
+    assert "OK " in text and "PyExecutor calls self.scheduler.schedule_request" in text
 
 
 def test_check_names_in_executor_mode_reports_an_unchecked_release_and_a_missing_name() -> None:
-    from plugins.trtllm import names
-
     status, text = check(private_modules("1.4.0rc4"))
     assert status == 1 and "1.2.x and 1.3.x" in text
     modules = private_modules("1.3.0rc27")  # a 1.3 release with the 1.2 tuple: refused
@@ -646,9 +668,16 @@ class LateFacts:
     def __init__(self, wait_s: float) -> None:
         self.facts_wait_s = wait_s
         self._facts: dict[int, RequestFacts] = {}
+        self._arrived = threading.Event()
 
     def deliver(self, request_id: int, facts: RequestFacts) -> None:
         self._facts[request_id] = facts
+        self._arrived.set()
+
+    def wait_for_facts(self, timeout_s: float) -> bool:
+        arrived = self._arrived.wait(timeout_s)
+        self._arrived.clear()
+        return arrived
 
     def take(self, request_id: int) -> RequestFacts | None:
         return self._facts.pop(request_id, None)
@@ -707,3 +736,392 @@ def test_a_held_request_cancelled_before_its_facts_is_forgotten() -> None:
     loop.iterate()  # the idle iteration after the last: the adapter learns of the end
     assert not adapter.awaiting_facts and 5 in loop.finished and 6 in loop.finished
     assert loop.finished[5].num_generated == 0
+
+
+# ---------------------------------------------------------------- idle iterations
+
+
+class CountingFacts(FactsChannel):
+    """A ``FactsChannel`` that records the adapter's idle waits (their bounds, seconds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait_for_facts(self, timeout_s: float) -> bool:
+        self.waits.append(timeout_s)
+        return super().wait_for_facts(timeout_s)
+
+
+def test_with_only_a_refused_request_active_the_adapter_waits_instead_of_spinning() -> None:
+    # TensorRT-LLM's fetch does not block while active_requests is non-empty
+    # (_fetch_new_requests: timeout 0), so without this every empty iteration would
+    # return at once and the loop would spin.
+    facts = CountingFacts()
+    loop, adapter, _ = make_loop(num_blocks=16, facts=facts)  # no refusal listener
+    submit(loop, facts, 2, 20, 300)  # refused: needs 20 blocks of 16
+    submit(loop, facts, 3, 24, 12)
+    while 3 not in loop.finished:
+        loop.iterate()
+    assert facts.waits == [], "no idle wait while a batch runs"
+    observed = 0
+    for _ in range(3):
+        out = loop.iterate()  # the first applies the last batch: observed
+        assert not out.context_requests and not out.generation_requests
+        observed = observed or adapter.engine.step_time_errors.count
+    assert facts.waits == [inst_adapter.IDLE_WAIT_S] * 3, "each empty iteration waits"
+    assert adapter.engine.step_time_errors.count == observed, "empty steps not observed"
+    submit(loop, facts, 4, 8, 2)  # a submission: runs at once
+    out = loop.iterate()
+    assert [r.py_request_id for r in out.context_requests] == [4]
+
+
+def test_a_submission_ends_the_idle_wait_at_once() -> None:
+    facts = FactsChannel()
+    assert facts.wait_for_facts(0.0) is False
+    woke: list[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(facts.wait_for_facts(60.0)))
+    waiter.start()
+    with facts.submitting() as staged:
+        staged[9] = RequestFacts()
+    waiter.join(60.0)
+    assert woke == [True], "woken by the submission, not the bound"
+
+
+def test_a_cancelled_request_alone_ends_at_the_next_iteration_that_runs_a_batch() -> None:
+    # The fake follows py_executor.py (9521caf4 and the _prepare_and_schedule_batch
+    # copies): cancellations are handled only after a batch ran.
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(num_blocks=16, facts=facts)
+    submit(loop, facts, 2, 20, 300)  # refused, never scheduled
+    submit(loop, facts, 3, 24, 2)
+    while 3 not in loop.finished:
+        loop.iterate()
+    loop.cancel(2)
+    loop.iterate()
+    assert [r.py_request_id for r in loop.active_requests] == [2], "no batch: still there"
+    submit(loop, facts, 4, 8, 3)
+    loop.iterate()
+    assert 2 in loop.finished and loop.finished[2].num_generated == 0
+    loop.iterate()
+    assert not adapter.refused, "forgotten once TensorRT-LLM dropped it"
+
+
+# ---------------------------------------------------------------- start-up: KV estimation
+
+
+def test_the_kv_estimation_pass_runs_on_tensorrt_llms_scheduler_and_the_llm_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/trtllm.md's in-executor shape: no max_seq_len for TensorRT-LLM (its dummy
+    prompts then take the model's own, 4096) and model.max_model_len 512 below
+    max_num_tokens: our core would refuse the 1024-token dummies, nobody hears it, and
+    configure_kv_cache_capacity's await (no timeout) would never return."""
+    from orchestrator.core.config import EngineConfig
+    from plugins.trtllm.in_executor.start import start
+    from plugins.trtllm.llm_api.settings import InExecutorCore
+
+    monkeypatch.delenv(inst.SINGLE_PROCESS_ENV, raising=False)
+    modules = fake_release_modules("1.3.0rc27")
+    engine = EngineConfig.model_validate(
+        {
+            "model": {"max_model_len": 512},
+            "cache": {"block_size": BS},
+            "executor": {"type": "sim", "model": "smollm2-135m", "hardware": "l40s"},
+        }
+    )
+    mode = start(InExecutorCore(engine, 512), BS, modules.__getitem__)
+    built: list[Any] = []
+    creating = threading.Thread(
+        target=lambda: built.append(
+            create_py_executor(
+                modules.__getitem__,
+                max_num_tokens=1024,
+                max_seq_len=None,
+                model_max_seq_len=4096,
+                num_blocks=64,
+                tokens_per_block=BS,
+            )
+        ),
+        daemon=True,  # left hanging if the estimation never ends
+    )
+    try:
+        creating.start()
+        creating.join(30.0)
+        assert built, "LLM() never returned: the estimation's dummy requests never ended"
+        (serving,) = built
+        assert isinstance(serving.scheduler, CoreRequestScheduler), "ours runs the serving loop"
+        assert serving.scheduler is mode.schedulers[-1]
+        mode.check_started()
+        facts = mode.facts
+        assert isinstance(facts, FactsChannel)
+        with facts.submitting() as staged:
+            (rid,) = serving.enqueue_requests([list(range(1, 40))], max_tokens=3)
+            staged[rid] = RequestFacts(priority=1)
+        serving.await_responses([rid])
+        assert serving.finished[rid].num_generated == 3
+    finally:
+        if built:
+            built[0].shutdown()
+        mode.shutdown()
+
+
+# ---------------------------------------------------------------- requests the core ends
+
+
+def test_a_request_the_core_sheds_is_ended_in_tensorrt_llm_through_the_refusal_path() -> None:
+    """The core sheds a waiting request past its TTFT deadline (an error output of its
+    own); TensorRT-LLM still holds it, unscheduled, so its client would wait for ever:
+    the refusal listener hears it with the core's reason and aborts it there."""
+    facts, refusals = FactsChannel(), RefusalChannel()
+    trt_kv = FakeKvCacheManager(64, BS)
+    clock = VirtualClock()
+    config = SchedulerConfig(
+        max_batch_size=1,
+        slo_classes={"chat": {"ttft_ms": 50, "tpot_ms": 1000}},
+        admission={"shed_after_deadline_s": 0.0},
+    )
+    adapter = CoreRequestScheduler(
+        loop_engine(config, 64, clock),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+        refusals=refusals,
+    )
+    loop = FakePyExecutor(
+        adapter,
+        trt_kv,
+        position_sampler(1000),
+        on_iteration=lambda out: clock.advance_to(clock.now() + 0.01),
+    )
+    heard: list[tuple[int, str]] = []
+
+    def front(request_id: int, reason: str) -> None:
+        heard.append((request_id, reason))
+        loop.cancel(request_id)  # RequestOutput.abort() -> PyExecutor.cancel_request
+
+    refusals.listen(front)
+    submit(loop, facts, 1, 16, 30, slo_class="chat", arrival_time=0.0)
+    submit(loop, facts, 2, 16, 4, slo_class="chat", arrival_time=0.0)  # waits behind 1
+    run(loop, max_iterations=200)
+    assert [rid for rid, _ in heard] == [2]
+    assert "deadline" in heard[0][1]
+    assert loop.finished[2].num_generated == 0, "ended in TensorRT-LLM without a token"
+    assert loop.finished[1].num_generated == 30
+
+
+# ---------------------------------------------------------------- pause past max_input_len
+
+
+def test_a_request_paused_past_2048_tokens_resumes_on_its_whole_context() -> None:
+    """1.2-era executors pause with ``req.pause(self.max_input_len)``, whose default
+    (2048, never passed by ``create_py_executor_instance``) would cut a longer request's
+    prompt plus generated tokens: the factory lifts the cap to the core's context limit,
+    so request 1 (2040 + 200 tokens, preempted by the higher-priority request 2 once
+    the pool is full) resumes on everything it had."""
+    from orchestrator.core.config import EngineConfig
+    from plugins.trtllm.in_executor.factory import scheduler_factory
+    from plugins.trtllm.llm_api.settings import InExecutorCore
+
+    modules = fake_release_modules("1.2.1")
+    release = inst.load_release(modules.__getitem__)
+    engine = EngineConfig.model_validate(
+        {
+            "model": {"max_model_len": 4096},
+            "cache": {"block_size": BS},
+            "scheduler": {"policy": "priority", "max_num_tokens": 4096, "chunk_size": 4096},
+            "executor": {"type": "sim", "model": "smollm2-135m", "hardware": "l40s"},
+        }
+    )
+    facts = FactsChannel()
+    built: list[CoreRequestScheduler] = []
+    factory = scheduler_factory(InExecutorCore(engine, 4096), BS, built, lambda: (facts, None))
+    loop = modules[inst.CREATOR_MODULE].create_py_executor_instance(num_blocks=140)
+    assert loop.max_input_len == 2048, "PyExecutor's default"
+    loop.scheduler = factory(loop, release)
+    assert loop.max_input_len == 4096, "lifted to the core's context limit"
+    with facts.submitting() as staged:
+        (first, second) = loop.enqueue_requests(
+            [[(3 * i) % 997 + 1 for i in range(2040)], list(range(1, 101))], max_tokens=200
+        )
+        staged[first] = RequestFacts(priority=1)
+        staged[second] = RequestFacts(priority=0)
+    paused: dict[int, tuple[int, int]] = {}  # id: (tokens before the pause, prompt after)
+    for _ in range(3000):
+        if not loop.has_work():
+            break
+        before = {r.py_request_id: len(r.tokens) for r in loop.active_requests}
+        out = loop.iterate()
+        paused |= {
+            r.py_request_id: (before[r.py_request_id], r.prompt_len) for r in out.paused_requests
+        }
+    assert list(paused) == [first], "request 1 was paused"
+    known, kept = paused[first]
+    assert known > 2048 and kept == known, "the pause kept every token"
+    tokens = loop.finished[first].tokens
+    assert len(tokens) == 2040 + 200
+    assert tokens[2040:] == [p % 1000 for p in range(2040, 2240)], "no token lost or redone"
+
+
+# ---------------------------------------------------------------- the step budget
+
+
+def test_a_step_over_tensorrt_llms_max_num_tokens_fails_every_active_request() -> None:
+    """Why a core budget over TensorRT-LLM's max_num_tokens is refused at start: the
+    model engine asserts and _handle_errors ends every active request."""
+    facts = FactsChannel()
+    trt_kv = FakeKvCacheManager(64, BS)
+    adapter = CoreRequestScheduler(
+        loop_engine(SchedulerConfig(max_num_tokens=512, chunk_size=512), 64, VirtualClock()),
+        types(),
+        KvSource(trt_kv),
+        facts=facts,
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000), max_num_tokens=256)
+    submit(loop, facts, 1, 8, 20)
+    loop.iterate()
+    submit(loop, facts, 2, 400, 4)
+    loop.iterate()
+    assert sorted(loop.errors) == [1, 2] and "max_num_tokens (256)" in loop.errors[1]
+
+
+def test_each_iteration_reads_only_the_newest_token_not_the_whole_sequence() -> None:
+    facts = FactsChannel()
+    loop, _, _ = make_loop(facts=facts)
+    submit(loop, facts, 1, 300, 40)
+    loop.iterate()  # queued: its prompt is read once
+    req = loop.active_requests[0]
+    copies = req.num_token_copies
+    for _ in range(20):
+        loop.iterate()
+    assert req.num_token_copies == copies, "no copy of the sequence per iteration"
+    run(loop)
+    assert len(loop.finished[1].tokens) == 340
+
+
+# ---------------------------------------------------------------- an error on rank 0
+
+
+class BlockingDist:
+    """``broadcast(obj, root=0)`` between threads as MPI's: a follower blocks, with no
+    timeout, until rank 0 broadcasts (``communicator.py`` at ``a1cf28f9``: a collective
+    ``Bcast``; a rank that never joins leaves the others waiting)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def broadcast(self, obj: Any, root: int = 0) -> Any:
+        if obj is not None:
+            self._queue.put(obj)
+            return obj
+        return self._queue.get()
+
+
+def test_an_error_in_rank_zeros_scheduler_is_raised_on_every_rank() -> None:
+    from plugins.trtllm.in_executor.ranks import RankError
+
+    dist = BlockingDist()
+    adapters, loops = [], []
+    for rank in (0, 1):
+        trt_kv = FakeKvCacheManager(64, BS)
+        adapter = CoreRequestScheduler(
+            loop_engine(SchedulerConfig(), 64, VirtualClock()),
+            types(),
+            KvSource(trt_kv),
+            link=DistLink(dist, rank),
+        )
+        adapters.append(adapter)
+        loops.append(FakePyExecutor(adapter, trt_kv, position_sampler(1000)))
+    for loop in loops:
+        loop.submit(FakeLlmRequest(1, list(range(1, 30)), 5))
+
+    def broken(now: float) -> Any:
+        raise RuntimeError("the core broke")
+
+    adapters[0].engine.plan_step = broken  # type: ignore[method-assign]
+    raised: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            loops[1].iterate()
+        except BaseException as err:
+            raised.append(err)
+
+    follower = threading.Thread(target=follow, daemon=True)  # left blocked if never told
+    follower.start()
+    with pytest.raises(RuntimeError, match="the core broke"):
+        loops[0].iterate()
+    follower.join(30.0)
+    assert raised, "rank 1 still waits in broadcast for a schedule that never comes"
+    assert isinstance(raised[0], RankError) and "the core broke" in str(raised[0])
+
+
+def test_batch_waiting_would_drop_the_cores_context_chunks() -> None:
+    """Why an executor with batch waiting is refused: TensorRT-LLM holds back the
+    planned context chunk, so the token the core planned never comes and the request
+    fails."""
+    facts = FactsChannel()
+    trt_kv = FakeKvCacheManager(64, BS)
+    adapter = CoreRequestScheduler(
+        loop_engine(SchedulerConfig(), 64, VirtualClock()), types(), KvSource(trt_kv), facts=facts
+    )
+    loop = FakePyExecutor(adapter, trt_kv, position_sampler(1000), enable_batch_waiting=True)
+    submit(loop, facts, 1, 8, 20)
+    loop.iterate()
+    submit(loop, facts, 2, 40, 4)
+    loop.iterate()  # request 2's whole prompt planned beside 1's decode: held back
+    loop.iterate()
+    assert "showed no token" in adapter.refused[2]
+
+
+# ---------------------------------------------------------------- derived from the release's base
+
+
+def test_our_scheduler_is_derived_from_the_installed_base_and_inherits_its_methods() -> None:
+    class Base(RequestScheduler):
+        """A newer base: a concrete method the executor may call on any scheduler."""
+
+        def is_request_in_schedulable_state(self, request: Any) -> bool:
+            return bool(request.state == LlmRequestState.CONTEXT_INIT)
+
+    modules = fake_release_modules("1.3.0rc27")
+    modules[inst.SCHEDULER_MODULE].RequestScheduler = Base
+    release = inst.load_release(modules.__getitem__)
+    adapter = release.scheduler_class(
+        loop_engine(SchedulerConfig(), 8, VirtualClock()),
+        release.types,
+        KvSource(FakeKvCacheManager(8, BS)),
+    )
+    assert isinstance(adapter, Base) and isinstance(adapter, CoreRequestScheduler)
+    assert adapter.is_request_in_schedulable_state(FakeLlmRequest(1, [1, 2], 1))
+
+
+def test_a_base_with_an_abstract_method_we_do_not_provide_is_refused_at_load() -> None:
+    class Base(RequestScheduler):
+        @abc.abstractmethod
+        def schedule_step(self, batch: Any) -> Any: ...
+
+    modules = fake_release_modules("1.3.0rc27")
+    modules[inst.SCHEDULER_MODULE].RequestScheduler = Base
+    with pytest.raises(TrtllmError, match="schedule_step"):
+        inst.load_release(modules.__getitem__)
+
+
+def test_check_names_reports_a_scheduler_method_the_installed_executor_calls_and_ours_lacks() -> (
+    None
+):
+    class PyExecutor:
+        scheduler: Any
+
+        def _schedule(self) -> None:
+            self.scheduler.schedule_request([], set())
+            self.scheduler.schedule_step(None)
+
+        def _pause_requests(self) -> None: ...
+
+    modules = private_modules("1.2.1")
+    modules[names.IN_EXECUTOR_PY_EXECUTOR_MODULE] = pytypes.SimpleNamespace(PyExecutor=PyExecutor)
+    status, text = check(modules)
+    assert status == 1
+    assert "PyExecutor calls self.scheduler.schedule_step" in text
+    assert "the in-executor scheduler has none" in text

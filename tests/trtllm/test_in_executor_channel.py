@@ -129,3 +129,18 @@ def test_start_up_is_refused_when_rank_zero_never_connects(host: ChannelHost) ->
     one_rank = InExecutor(None, host, host.refusals, [], lambda: None)  # type: ignore[arg-type]
     with pytest.raises(TrtllmError, match="built its executor without our scheduler"):
         one_rank.check_started()
+
+
+def test_arriving_facts_and_a_closed_channel_end_rank_zeros_idle_wait(host: ChannelHost) -> None:
+    link = WorkerLink(host.address, rank=0)
+    try:
+        assert host.wait_connected(WAIT_FOR_S)
+        assert link.wait_for_facts(0.0) is False
+        with host.submitting() as staged:
+            staged[3] = RequestFacts()
+        assert link.wait_for_facts(WAIT_FOR_S) is True, "woken by the facts"
+        host.close()
+        assert link.wait_for_facts(WAIT_FOR_S) is True, "woken by the connection's end"
+        assert not link.connected
+    finally:
+        link.close()

@@ -25,7 +25,7 @@ from plugins.trtllm.llm_api.executor import TrtllmLlmApiExecutor
 from tests.trtllm import fake_llmapi
 from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.conftest import LlmCalls, spy_llmapi
-from tests.trtllm.fake_pyexecutor import FakeLlmRequest
+from tests.trtllm.fake_pyexecutor import FakeSimpleScheduler, FakeWorkerExecutor
 from tests.trtllm.plans import Seq, greedy_tokens, prompt_of, step
 from tests.trtllm.test_in_executor import fake_release_modules
 
@@ -49,7 +49,7 @@ def overlap_llmapi(calls: LlmCalls, creator: Any) -> types.SimpleNamespace:
     class LLM(base):  # type: ignore[misc, valid-type]
         def __init__(self, model: Any, *, disable_overlap_scheduler: bool, **kwargs: Any) -> None:
             built = creator.create_py_executor_instance()  # what the worker would do
-            calls.options.append({"wrapped_scheduler": built.scheduler})
+            calls.options.append({"wrapped_scheduler": built.scheduler, "executor": built})
             calls.options.append({"disable_overlap_scheduler": disable_overlap_scheduler})
             super().__init__(model, **kwargs)
 
@@ -125,13 +125,15 @@ def test_a_checked_release_gets_our_scheduler_before_the_llm_and_facts_per_submi
         seq = Seq("a", prompt_of(5, 1), blocks=[0], sampling=sampling)
         step(executor, [seq])
         output = calls.submitted[-1][2]
+        assert "capacity policy GUARANTEED_NO_EVICT not used" in executor._start_note()
         mode = executor._owned[0]
         facts = mode.facts.take(output.request_id)
         assert facts == RequestFacts(priority=0, slo_class=None, tenant=None, arrival_time=0.0)
     finally:
         executor.shutdown()
     creator = modules[inst.CREATOR_MODULE]
-    assert creator.create_py_executor_instance().scheduler == "SimpleScheduler"  # undone
+    own = creator.create_py_executor_instance().scheduler
+    assert isinstance(own, FakeSimpleScheduler)  # undone
 
 
 def test_tensor_parallel_is_accepted_and_pipeline_parallel_refused_with_the_way_back(
@@ -174,30 +176,30 @@ def test_a_plans_facts_reach_the_channel_under_the_llms_request_id(
 
 class Worker:
     """TensorRT-LLM's executor thread as far as our scheduler sees it: each request the
-    LLM takes is fetched into ``active_requests`` (a ``FakeLlmRequest`` whose
-    ``py_client_id`` is the ``RequestOutput``'s id) and the installed scheduler is asked
-    for a schedule, on a thread of its own, as the real loop does after
-    ``generate_async`` returned."""
+    LLM takes is fetched into the executor's ``active_requests`` (a ``FakeLlmRequest``
+    whose ``py_client_id`` is the ``RequestOutput``'s id) and one iteration of the fake
+    loop runs (schedule, pause, allocate, forward, sample), on a thread of its own, as the
+    real loop does after ``generate_async`` returned."""
 
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-        self.active: list[Any] = []
+    def __init__(self, executor: FakeWorkerExecutor) -> None:
+        self.executor = executor
+        self.scheduler = executor.scheduler
         self._fetched: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def fetch(self, inputs: list[int], params: Any, output: Any) -> None:
-        req = FakeLlmRequest(int(output.request_id), list(inputs), params.max_tokens)
-        self._fetched.put(req)
+        self._fetched.put((list(inputs), params.max_tokens, int(output.request_id)))
 
     def stop(self) -> None:
         self._fetched.put(None)
         self._thread.join(10)
 
     def _run(self) -> None:
-        while (req := self._fetched.get()) is not None:
-            self.active.append(req)
-            self.scheduler.schedule_request(self.active, set())
+        while (item := self._fetched.get()) is not None:
+            inputs, max_tokens, client_id = item
+            self.executor.enqueue_requests([inputs], max_tokens, client_ids=[client_id])
+            self.executor.iterate()
 
 
 def refusing_executor(
@@ -208,7 +210,7 @@ def refusing_executor(
     Iterations of 20 ms: a refused request would take seconds to end by itself."""
     build = FakeBuild(backend="pytorch", iteration_ms=20.0)
     executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch, build, step_timeout_s=10)
-    worker = Worker(calls.options[0]["wrapped_scheduler"])
+    worker = Worker(calls.options[0]["executor"])
     llm = executor._backend._llm
     generate = llm.generate_async
 
@@ -359,6 +361,7 @@ def test_with_two_ranks_facts_reach_rank_zero_over_the_channel_and_refusals_come
     executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch, build, rank_zero.llmapi, modules)
     proxy = modules[names.IN_EXECUTOR_PROXY_MODULE]
     try:
+        assert "capacity policy GUARANTEED_NO_EVICT not used" in executor._start_note()
         mode = executor._owned[0]
         assert mode.host is not None and mode.schedulers == [], "no rank in this process"
         assert os.environ.get(inst.SINGLE_PROCESS_ENV) is None, "workers stay processes"
@@ -387,3 +390,60 @@ def test_with_two_ranks_facts_reach_rank_zero_over_the_channel_and_refusals_come
         executor.shutdown()
     assert not os.path.exists(mode.host.directory), "the channel closed at shutdown"
     assert isinstance(proxy.worker_main, types.FunctionType), "the proxy's own again"
+
+
+def test_a_step_budget_over_tensorrt_llms_max_num_tokens_is_refused_in_this_mode_only(
+    tmp_path: Path,
+) -> None:
+    root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch", max_num_tokens=256))
+    engine = engine_config(root, scheduling="in_executor")
+    engine = engine.model_copy(
+        update={"scheduler": engine.scheduler.model_copy(update={"max_num_tokens": 512})}
+    )
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    with pytest.raises(ConfigError, match=r"scheduler\.max_num_tokens is 512.*at most 256"):
+        TrtllmLlmApiExecutor.resolve(options, engine)
+    front = options.model_copy(update={"scheduling": "front"})
+    assert TrtllmLlmApiExecutor.resolve(front, engine).in_executor is None
+
+
+def test_tensorrt_llm_gets_the_cores_context_limit_as_max_seq_len() -> None:
+    """A model given without a build leaves max_seq_len to TensorRT-LLM (the model's own,
+    which may exceed ours): in this mode it is the core's limit."""
+    engine = EngineConfig.model_validate(
+        {
+            "model": {"max_model_len": 512},
+            "scheduler": {"max_batch_size": 8, "max_num_tokens": 256},
+            "cache": {"block_size": 32},
+            "executor": {"type": "trtllm-llmapi", "model": "org/model"},
+        }
+    )
+    options = TrtllmLlmApiConfig(model="org/model", scheduling="in_executor")
+    settings = TrtllmLlmApiExecutor.resolve(options, engine)
+    assert settings.max_seq_len == 512 and settings.in_executor is not None
+    assert settings.in_executor.max_model_len == 512
+    front = options.model_copy(update={"scheduling": "front"})
+    assert TrtllmLlmApiExecutor.resolve(front, engine).max_seq_len is None
+
+
+def test_chunked_prefill_is_forced_on_as_block_reuse_is_forced_off(tmp_path: Path) -> None:
+    root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch"))
+    engine = engine_config(root, scheduling="in_executor", enable_chunked_prefill=False)
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    settings = TrtllmLlmApiExecutor.resolve(options, engine)
+    assert settings.enable_chunked_prefill is True and settings.enable_block_reuse is False
+    front = options.model_copy(update={"scheduling": "front"})
+    assert TrtllmLlmApiExecutor.resolve(front, engine).enable_chunked_prefill is False
+
+
+def test_guided_decoding_is_refused_in_this_mode_with_the_way_back(tmp_path: Path) -> None:
+    """TensorRT-LLM's guided decoder builds a fresh grammar matcher for any request on its
+    last context chunk (guided_decoder.py at 40bb912b: require_matcher_init); a request
+    the core pauses resumes as a context request, so its grammar would restart mid-output."""
+    root = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch"))
+    engine = engine_config(root, scheduling="in_executor", guided_decoding_backend="xgrammar")
+    options = TrtllmLlmApiConfig.model_validate(engine.executor.options)
+    with pytest.raises(ConfigError, match=r"guided_decoding_backend.*Remove executor\.scheduling"):
+        TrtllmLlmApiExecutor.resolve(options, engine)
+    front = options.model_copy(update={"scheduling": "front"})
+    assert TrtllmLlmApiExecutor.resolve(front, engine).guided_decoding_backend == "xgrammar"

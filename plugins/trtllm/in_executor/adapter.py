@@ -14,6 +14,8 @@ boundary between two iterations; it:
    half of ``EngineCore.step``): each planned request that sampled gets the token its
    ``LlmRequest`` gained, and the step's duration feeds the step-time predictor;
    requests TensorRT-LLM ended or cancelled (gone from ``active_requests``) are aborted;
+   requests the core ended with an error of its own (shed, failed) are ended in
+   TensorRT-LLM through the refusal sink, as refused requests are;
 2. queues requests it has not seen (``EngineCore.add_request``), with the facts the
    facts source holds for them (priority, SLO class, tenant, arrival); a request whose
    facts have not arrived (possible only when they travel from another process) is
@@ -27,7 +29,9 @@ boundary between two iterations; it:
    and policies as every other executor);
 4. returns the plan as TensorRT-LLM's output: context requests with
    ``context_chunk_size`` set to our chunk, generation requests, our preemptions that
-   hold KV in TensorRT-LLM as ``paused_requests``.
+   hold KV in TensorRT-LLM as ``paused_requests``; an empty output while requests are
+   active first waits up to ``IDLE_WAIT_S`` (TensorRT-LLM's loop would call again at
+   once).
 
 The core's KV manager mirrors TensorRT-LLM's (``in_loop_engine``:
 ``ExecutorInfo.mirrors_executor_kv``): TensorRT-LLM's ``max_num_blocks`` blocks, a
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +66,9 @@ from orchestrator.core import (
     Clock,
     EngineConfig,
     EngineCore,
+    EngineStep,
     ExecutorInfo,
+    FinishReason,
     OverloadedError,
     SamplingParams,
     SchedulerOutput,
@@ -89,6 +96,15 @@ KNOWN_OUTPUT_FIELDS = frozenset(
         "scheduled_mm_encoder_items",
     }
 )
+
+
+# The longest the scheduler blocks TensorRT-LLM's loop in an iteration that schedules
+# nothing while requests are active (seconds). TensorRT-LLM's fetch waits for new
+# requests only when active_requests is empty (_fetch_new_requests: timeout None, else
+# 0; py_executor.py at 9521caf4), so with only refused or held requests active the loop
+# would spin at full speed; a submission through our backend (its facts) ends the wait
+# at once, a request submitted by other code waits at most this long to be seen.
+IDLE_WAIT_S = 0.01
 
 
 class AdapterError(RuntimeError):
@@ -169,8 +185,10 @@ def our_priority(llm_priority: Any) -> int:
 
 
 class CoreRequestScheduler:
-    """A ``RequestScheduler`` (duck-typed: ``schedule_request``, ``can_schedule``,
-    ``scheduling_state_range``) whose decisions are ``engine``'s (an ``in_loop_engine``),
+    """A ``RequestScheduler`` (``schedule_request``, ``can_schedule``,
+    ``scheduling_state_range``; the installer derives it from the installed release's
+    ``RequestScheduler``, ``install.derived_scheduler``, so that base's concrete methods
+    are its own) whose decisions are ``engine``'s (an ``in_loop_engine``),
     on ``engine.clock`` (the wall clock in the worker).
     ``facts`` (optional) supplies per-request facts (a request without them waits up
     to ``facts.facts_wait_s`` seconds on ``engine.clock``); ``refusals`` (optional)
@@ -200,6 +218,7 @@ class CoreRequestScheduler:
         self._plan: SchedulerOutput | None = None
         self._plan_time = 0.0
         self._seen: set[int] = set()  # ids queued in the core and still active
+        self._client_ids: dict[int, int] = {}  # their facts' keys (py_client_id)
         self._holds_kv: set[int] = set()  # ids TensorRT-LLM holds KV for
         self._num_tokens: dict[int, int] = {}  # get_num_tokens(0) when last planned
         self._planned: dict[int, Any] = {}  # the last plan's LlmRequests by id
@@ -241,22 +260,44 @@ class CoreRequestScheduler:
     def schedule_request(self, active_requests: Sequence[Any], inflight_request_ids: Any) -> Any:
         """One iteration's ``SchedulerOutput`` (the module docstring's four steps).
         ``inflight_request_ids`` is not read: with one pipeline stage and the overlap
-        scheduler off (both required at installation) no request is in flight here."""
+        scheduler off (both required at installation) no request is in flight here. If
+        deciding raises on rank 0, the other ranks are told (``RankLink.fail``) and raise
+        ``RankError`` too, so no rank is left waiting for a schedule; the error ends
+        TensorRT-LLM's loop on every rank, as any exception out of the scheduler does."""
         by_id = {int(r.py_request_id): r for r in active_requests}
         if self._link is not None and not self._link.is_leader:
             return self._output(self._link.share(None), by_id)
-        now = self.engine.clock.now()
-        self._apply_previous(by_id, now)
-        self._queue_new(active_requests, now)
-        plan = self.engine.plan_step(now)
-        decision = self._decide(plan, by_id)
+        try:
+            now = self.engine.clock.now()
+            self._apply_previous(by_id, now)
+            self._queue_new(active_requests, now)
+            plan = self.engine.plan_step(now)
+            decision = self._decide(plan, by_id)
+        except Exception as err:
+            if self._link is not None:
+                self._link.fail(f"{type(err).__name__}: {err}")
+            raise
         self._plan, self._plan_time = plan, now
         if self._link is not None:
             decision = self._link.share(decision)
         if self.record:
             self.history.append(decision)
             self.plans.append(plan)
+        if by_id and not (decision.context or decision.generation or decision.paused):
+            self._idle_wait()
         return self._output(decision, by_id)
+
+    def _idle_wait(self) -> None:
+        """An iteration with nothing to run while requests are active (refused ones
+        waiting for their abort, held ones waiting for their facts, or requests the core
+        cannot place yet): block up to ``IDLE_WAIT_S`` seconds, ended early by arriving
+        facts, instead of returning to a loop that would call again at once. Nothing
+        is observed for the empty step (``EngineCore.finish_step`` feeds the predictor
+        only plans that scheduled something)."""
+        if self._facts is not None:
+            self._facts.wait_for_facts(IDLE_WAIT_S)
+        else:
+            time.sleep(IDLE_WAIT_S)
 
     # ------------------------------------------------------------------ steps
 
@@ -275,7 +316,8 @@ class CoreRequestScheduler:
                 rid = int(s.request_id)
                 req = self._planned[rid]
                 if int(req.get_num_tokens(0)) > self._num_tokens[rid]:
-                    sampled[s.request_id] = int(req.get_tokens(0)[-1])
+                    # get_last_tokens: one token; get_tokens copies the whole sequence.
+                    sampled[s.request_id] = int(req.get_last_tokens(0))
                 elif rid in by_id:
                     # Never expected (install refuses the overlap scheduler, under which
                     # tokens reach the host an iteration late): the core ends it.
@@ -286,9 +328,12 @@ class CoreRequestScheduler:
             for rid_str in gone - sampled.keys():
                 self.engine.abort(rid_str)  # cancelled during the iteration
             result = StepResult(sampled, now - self._plan_time, failed=failed)
-            self.engine.finish_step(plan, result, self._plan_time)
+            self._end_what_the_core_ended(
+                self.engine.finish_step(plan, result, self._plan_time), by_id
+            )
         for rid in [r for r in self._seen if r not in by_id]:
             self._seen.discard(rid)
+            self._client_ids.pop(rid, None)
             self._holds_kv.discard(rid)
             self._num_tokens.pop(rid, None)
             self.engine.abort(str(rid))  # no-op for a request the core finished
@@ -320,9 +365,23 @@ class CoreRequestScheduler:
             try:
                 self.engine.add_request(self._submission(req, facts, seen_at))
             except (AdmissionError, OverloadedError) as err:
-                self._refuse(rid, client_id, err)
+                why = f"the scheduler inside TensorRT-LLM's loop refused the request: {err}"
+                self._refuse(rid, client_id, why)
                 continue
             self._seen.add(rid)
+            self._client_ids[rid] = client_id
+
+    def _end_what_the_core_ended(self, step: EngineStep, by_id: dict[int, Any]) -> None:
+        """Requests the core ended with an error of its own (shed past their TTFT
+        deadline while waiting, or failed: no visible token) but TensorRT-LLM still
+        holds: nothing in TensorRT-LLM ends them, so their clients would wait until the
+        front's stall error; they are ended through the refusal path with the core's
+        error, and never scheduled again (the core no longer has them)."""
+        for out in step.outputs:
+            rid = int(out.request_id)
+            if out.finish_reason is FinishReason.ERROR and rid in by_id and rid not in self.refused:
+                why = f"the scheduler inside TensorRT-LLM's loop ended the request: {out.error}"
+                self._refuse(rid, self._client_ids.get(rid, rid), why)
 
     def _hold_for_facts(self, rid: int, now: float) -> bool:
         """Whether ``rid``, whose facts have not arrived, stays out of the schedule this
@@ -343,23 +402,23 @@ class CoreRequestScheduler:
             )
         return False
 
-    def _refuse(self, rid: int, client_id: int, err: Exception) -> None:
-        """A request the core refused: never scheduled; the refusal channel's listener
-        ends it with the core's reason (its client gets that error) and aborts it in
-        TensorRT-LLM, which then drops it. It holds no KV: only scheduled requests get
-        blocks."""
-        reason = f"the scheduler inside TensorRT-LLM's loop refused the request: {err}"
+    def _refuse(self, rid: int, client_id: int, reason: str) -> None:
+        """End a request TensorRT-LLM holds and the core will not run (refused at
+        admission, or ended by the core): the refusal sink's listener ends it with
+        ``reason`` (its client gets that error) and aborts it in TensorRT-LLM, which then
+        drops it. It is never scheduled again. A refused request never held KV; one the
+        core ended after it ran keeps its KV in TensorRT-LLM until the abort is handled
+        (the core's admission counts TensorRT-LLM's free blocks, so nothing is
+        overcommitted meanwhile)."""
         self.refused[rid] = reason
         heard = self._refusals is not None and self._refusals.refuse(client_id, reason)
         if heard:
-            logger.warning("in-executor scheduler refused request %d: %s", rid, err)
+            logger.warning("in-executor scheduler: request %d: %s", rid, reason)
         else:
             # Submitted by other code than our backend: nobody to answer; it stays
-            # unscheduled, holding no KV, until its submitter aborts it.
+            # unscheduled until its submitter aborts it.
             logger.error(
-                "in-executor scheduler refused request %d and no submitter heard it: %s",
-                rid,
-                err,
+                "in-executor scheduler: request %d, and no submitter heard it: %s", rid, reason
             )
 
     def _submission(self, req: Any, facts: RequestFacts | None, seen_at: float) -> Submission:

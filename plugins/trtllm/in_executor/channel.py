@@ -205,6 +205,7 @@ class WorkerLink:
         self._facts: dict[int, RequestFacts] = {}
         self._closed = threading.Event()
         self._broken = threading.Event()
+        self._arrived = threading.Event()
         self._send_lock = threading.Lock()
         self._conn: Connection | None = None
         self._reader: threading.Thread | None = None
@@ -242,6 +243,7 @@ class WorkerLink:
                 if kind == "facts":
                     with self._lock:
                         self._facts.update(facts)
+                    self._arrived.set()
         except (EOFError, OSError):
             if not self._closed.is_set():
                 logger.warning(
@@ -250,11 +252,19 @@ class WorkerLink:
                 )
         finally:
             self._broken.set()
+            self._arrived.set()  # an idle wait for facts that will not come ends now
 
     def take(self, request_id: int) -> RequestFacts | None:
         """The facts that arrived for ``request_id``, removed; ``None`` if none yet."""
         with self._lock:
             return self._facts.pop(request_id, None)
+
+    def wait_for_facts(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` seconds for facts from the serving process (or the
+        connection's end); whether either came (see ``facts.FactsSource``)."""
+        arrived = self._arrived.wait(timeout_s)
+        self._arrived.clear()
+        return arrived
 
     def __len__(self) -> int:
         with self._lock:

@@ -45,6 +45,30 @@ def executor_rank(py_executor: Any) -> tuple[int, int]:
     return tp_size, int(getattr(dist, "rank", 0)) if tp_size > 1 else 0
 
 
+def lift_pause_cap(py_executor: Any, max_model_len: int) -> None:
+    """Make TensorRT-LLM's pause keep every token of a request the core preempts.
+
+    ``PyExecutor._pause_requests`` calls ``req.pause(self.max_input_len)``, which cuts a
+    request's prompt plus generated tokens to that length (C++ ``LlmRequest::pause``);
+    on the 1.2-era code ``max_input_len`` is ``PyExecutor.__init__``'s default, 2048,
+    because ``create_py_executor_instance`` never passes one (``py_executor.py`` at
+    ``9521caf4``; ``_util.py``, stored copies). A longer request would resume on a
+    truncated context. The attribute is read at each pause, so it is raised here to the
+    core's context limit (``max_model_len``, tokens), the longest any request can be.
+    Newer code pauses for recompute with ``_UNBOUNDED_PAUSE_MAX_INPUT_LEN`` (0x7fffffff)
+    and no longer reads it there (``py_executor.py`` at ``0004396``), so raising it
+    changes nothing on those."""
+    cap = getattr(py_executor, "max_input_len", None)
+    if isinstance(cap, int) and cap < max_model_len:
+        logger.info(
+            "in-executor scheduling: TensorRT-LLM's pause cap (max_input_len) raised from "
+            "%d to %d tokens, so a paused request keeps its whole context",
+            cap,
+            max_model_len,
+        )
+        py_executor.max_input_len = max_model_len
+
+
 def scheduler_factory(
     core: InExecutorCore,
     tokens_per_block: int,
@@ -62,13 +86,14 @@ def scheduler_factory(
                 f"TensorRT-LLM's KV blocks hold {stats.tokens_per_block} tokens, the "
                 f"scheduler's {tokens_per_block}"
             )
+        lift_pause_cap(py_executor, core.max_model_len)
         tp_size, rank = executor_rank(py_executor)
         link = DistLink(py_executor.dist, rank) if tp_size > 1 else None
         facts, refusals = channels() if rank == 0 else (None, None)
         engine = in_loop_engine(
             core.engine, int(stats.max_num_blocks), core.max_model_len, WallClock()
         )
-        adapter = CoreRequestScheduler(
+        adapter = release.scheduler_class(
             engine, release.types, KvSource(kv), facts=facts, refusals=refusals, link=link
         )
         built.append(adapter)

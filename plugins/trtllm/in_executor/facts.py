@@ -50,6 +50,12 @@ class FactsSource(Protocol):
 
     def take(self, request_id: int) -> RequestFacts | None: ...
 
+    def wait_for_facts(self, timeout_s: float) -> bool:
+        """Block until facts arrive (a submission: the submitting side registers facts
+        for every request it sends) or ``timeout_s`` seconds pass; whether facts came.
+        The adapter's idle wait, so a new submission ends it at once."""
+        ...
+
 
 class FactsSubmitter(Protocol):
     """What the submitting side writes facts into: ``submitting()`` yields a map to put
@@ -69,6 +75,7 @@ class FactsChannel:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._facts: dict[int, RequestFacts] = {}
+        self._arrived = threading.Event()
 
     @contextmanager
     def submitting(self) -> Iterator[dict[int, RequestFacts]]:
@@ -81,6 +88,8 @@ class FactsChannel:
                 yield staged
             finally:
                 self._facts.update(staged)
+                if staged:
+                    self._arrived.set()
 
     def take(self, request_id: int) -> RequestFacts | None:
         """The facts registered for ``request_id``, removed from the channel (the
@@ -88,6 +97,13 @@ class FactsChannel:
         (then the release's own ``priority`` and the defaults apply)."""
         with self._lock:
             return self._facts.pop(request_id, None)
+
+    def wait_for_facts(self, timeout_s: float) -> bool:
+        """Block up to ``timeout_s`` seconds for the next ``submitting()`` block that
+        registered facts; whether one came (see ``FactsSource``)."""
+        arrived = self._arrived.wait(timeout_s)
+        self._arrived.clear()
+        return arrived
 
     def forget(self, request_id: int) -> None:
         """Drop facts of a request that ended before the scheduler saw it."""

@@ -30,19 +30,27 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from plugins.trtllm.errors import TrtllmError
-from plugins.trtllm.in_executor.adapter import KNOWN_OUTPUT_FIELDS, TrtllmTypes
+from plugins.trtllm.in_executor.adapter import (
+    KNOWN_OUTPUT_FIELDS,
+    CoreRequestScheduler,
+    TrtllmTypes,
+)
 from plugins.trtllm.names import (
     IN_EXECUTOR_CREATOR_MODULE,
     IN_EXECUTOR_FACTORY,
+    IN_EXECUTOR_KV_CREATOR,
+    IN_EXECUTOR_KV_ESTIMATION,
     IN_EXECUTOR_LLM_OPTIONS,
     IN_EXECUTOR_LLM_REQUEST_MODULE,
     IN_EXECUTOR_RESOURCE_MANAGER_MODULE,
     IN_EXECUTOR_SCHEDULER_MODULE,
+    IN_EXECUTOR_UTIL_MODULE,
 )
 
 # Modules and names used here, as plugins.trtllm.names lists them (check_names checks
@@ -52,6 +60,8 @@ SCHEDULER_MODULE = IN_EXECUTOR_SCHEDULER_MODULE
 LLM_REQUEST_MODULE = IN_EXECUTOR_LLM_REQUEST_MODULE
 RESOURCE_MANAGER_MODULE = IN_EXECUTOR_RESOURCE_MANAGER_MODULE
 FACTORY_NAME = IN_EXECUTOR_FACTORY
+UTIL_MODULE = IN_EXECUTOR_UTIL_MODULE
+ESTIMATION_NAME = IN_EXECUTOR_KV_ESTIMATION
 SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"
 (OVERLAP_OPTION,) = IN_EXECUTOR_LLM_OPTIONS  # the LLM option (TorchLlmArgs field)
 
@@ -121,6 +131,8 @@ class Release:
     version: str
     line: str
     creator: Any  # py_executor_creator, which calls create_py_executor_instance
+    kv_cache_creator: Any  # _util.KvCacheCreator, whose estimation pass runs an executor
+    scheduler_class: type[CoreRequestScheduler]  # ours, derived from its RequestScheduler
     types: TrtllmTypes
     kv_manager_key: Any  # the resource_managers key of the KV cache manager
 
@@ -143,7 +155,32 @@ def load_release(import_module: Callable[[str], Any] = importlib.import_module) 
         states.GENERATION_IN_PROGRESS,
         states.GENERATION_COMPLETE,
     )
-    return Release(version, line, import_module(CREATOR_MODULE), types, key)
+    kv_cache_creator = getattr(import_module(UTIL_MODULE), IN_EXECUTOR_KV_CREATOR)
+    return Release(
+        version,
+        line,
+        import_module(CREATOR_MODULE),
+        kv_cache_creator,
+        derived_scheduler(sched.RequestScheduler),
+        types,
+        key,
+    )
+
+
+def derived_scheduler(base: type) -> type[CoreRequestScheduler]:
+    """``CoreRequestScheduler`` with the release's ``RequestScheduler`` as a base, so that
+    whatever concrete methods that base has (newer executors call some on their
+    scheduler) are ours too, and ``isinstance`` checks against it hold. Raises
+    ``TrtllmError`` when the base declares an abstract member ours does not provide."""
+    derived = type("CoreRequestScheduler", (CoreRequestScheduler, base), {})
+    missing = sorted(getattr(derived, "__abstractmethods__", ()))
+    if missing:
+        raise TrtllmError(
+            "scheduling: in_executor: this TensorRT-LLM release's RequestScheduler asks for "
+            f"{', '.join(missing)}, which the in-executor scheduler does not provide; "
+            "remove executor.scheduling"
+        )
+    return derived
 
 
 SchedulerFactory = Callable[[Any, Release], Any]
@@ -154,7 +191,11 @@ def install(
     release: Release, factory: SchedulerFactory, *, single_process: bool = True
 ) -> Callable[[], None]:
     """Wrap ``create_py_executor_instance`` so that every ``PyExecutor`` it builds gets
-    ``factory(py_executor, release)`` as its scheduler; returns the undo. With
+    ``factory(py_executor, release)`` as its scheduler, except while
+    ``KvCacheCreator.configure_kv_cache_capacity`` runs it (the KV estimation pass
+    ``create_py_executor`` makes on a first executor before building the serving one,
+    ``_util.py`` and ``py_executor_creator.py``, stored copies): then TensorRT-LLM's own
+    scheduler runs it. Returns the undo. With
     ``single_process`` (one rank, installed in the serving process) also asks
     TensorRT-LLM to run its worker in this process, which the wrap then reaches; in a
     worker process (``workers``) the wrap is already where the executor is built."""
@@ -162,21 +203,45 @@ def install(
     original = getattr(creator, FACTORY_NAME)
     if getattr(original, "_in_executor_wrapped", False):
         raise TrtllmError("the in-executor scheduler is already installed in this process")
+    estimation = release.kv_cache_creator
+    original_estimation = getattr(estimation, ESTIMATION_NAME)
+    inherited = ESTIMATION_NAME not in vars(estimation)
+    # TensorRT-LLM's own scheduler of each executor built, for its estimation pass.
+    own: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def create_py_executor_instance(*args: Any, **kwargs: Any) -> Any:
         py_executor = original(*args, **kwargs)
         check_executor(py_executor)
+        own[py_executor] = py_executor.scheduler
         py_executor.scheduler = factory(py_executor, release)
         return py_executor
 
+    def configure_kv_cache_capacity(self: Any, py_executor: Any, *args: Any, **kwargs: Any) -> Any:
+        # The estimation pass (LLM() waits for it with no timeout) runs dummy requests of
+        # up to min(max_num_tokens, max_seq_len - 1) tokens over a pool sized exactly for
+        # them: our core's context limit, KV headroom or queue limits could refuse one,
+        # and nobody would hear it. TensorRT-LLM's own scheduler runs it, as it would
+        # without us; the executor is dropped afterwards.
+        ours = py_executor.scheduler
+        py_executor.scheduler = own.pop(py_executor, ours)
+        try:
+            return original_estimation(self, py_executor, *args, **kwargs)
+        finally:
+            py_executor.scheduler = ours
+
     create_py_executor_instance._in_executor_wrapped = True  # type: ignore[attr-defined]
     setattr(creator, FACTORY_NAME, create_py_executor_instance)
+    setattr(estimation, ESTIMATION_NAME, configure_kv_cache_capacity)
     previous_env = os.environ.get(SINGLE_PROCESS_ENV)
     if single_process:
         os.environ[SINGLE_PROCESS_ENV] = "1"
 
     def undo() -> None:
         setattr(creator, FACTORY_NAME, original)
+        if inherited:
+            delattr(estimation, ESTIMATION_NAME)
+        else:
+            setattr(estimation, ESTIMATION_NAME, original_estimation)
         if not single_process:
             return
         if previous_env is None:
@@ -202,7 +267,11 @@ def check_executor(py_executor: Any) -> None:
       one decision broadcast from rank 0 contradicts;
     - the overlap scheduler on (``disable_overlap_scheduler`` false: each step's tokens
       reach the host an iteration late, after the next schedule, and the core needs
-      them at the next call).
+      them at the next call);
+    - batch waiting (``enable_batch_waiting``): ``PyExecutor._schedule`` then passes the
+      scheduled context requests through ``_waiting_requests``, which can hold them all
+      back while generation requests run (``py_executor.py``, stored copy with
+      ``_prepare_and_schedule_batch``), so a planned chunk would not run.
 
     ``dist`` is TensorRT-LLM's ``Distributed``
     (``tensorrt_llm/_torch/distributed/communicator.py`` at ``a1cf28f9``: ``pp_size``,
@@ -221,6 +290,12 @@ def check_executor(py_executor: Any) -> None:
             "scheduling: in_executor cannot run with attention data parallelism (each "
             "rank would schedule its own requests); turn enable_attention_dp off, or "
             "remove executor.scheduling"
+        )
+    if getattr(py_executor, "enable_batch_waiting", False) is True:
+        raise TrtllmError(
+            "scheduling: in_executor cannot run with TensorRT-LLM's batch waiting "
+            "(batch_wait_timeout_iters / batch_wait_max_tokens_ratio): it holds back the "
+            "context chunks our scheduler planned; unset them, or remove executor.scheduling"
         )
     if getattr(py_executor, "disable_overlap_scheduler", True) is False:
         raise TrtllmError(

@@ -26,15 +26,32 @@ class Decision:
     paused: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderFailed:
+    """Sent in place of a ``Decision`` when rank 0's scheduler raised: ``message`` says
+    what (the exception's type and text)."""
+
+    message: str
+
+
+class RankError(RuntimeError):
+    """Rank 0's scheduler failed this iteration; raised on a follower so that its loop
+    ends too instead of waiting in a broadcast rank 0 will never join."""
+
+
 class RankLink(Protocol):
     """How rank 0's decision reaches the other ranks. ``is_leader``: whether this rank
     decides. ``share(decision)``: on the leader, send ``decision`` and return it; on a
-    follower (``decision`` is ``None``), return the leader's for this iteration."""
+    follower (``decision`` is ``None``), return the leader's for this iteration, or raise
+    ``RankError`` if the leader failed it. ``fail(message)``: on the leader, in place of
+    ``share`` when deciding raised (the caller then raises its own error)."""
 
     @property
     def is_leader(self) -> bool: ...
 
     def share(self, decision: Decision | None) -> Decision: ...
+
+    def fail(self, message: str) -> None: ...
 
 
 class DistLink:
@@ -53,6 +70,12 @@ class DistLink:
 
     def share(self, decision: Decision | None) -> Decision:
         shared = self._dist.broadcast(decision, root=0)  # type: ignore[attr-defined]
+        if isinstance(shared, LeaderFailed):
+            raise RankError(f"rank 0's scheduler failed this iteration: {shared.message}")
         if not isinstance(shared, Decision):
-            raise RuntimeError(f"rank {self._rank} received no schedule from rank 0")
+            raise RankError(f"rank {self._rank} received no schedule from rank 0")
         return shared
+
+    def fail(self, message: str) -> None:
+        # Every follower is waiting in this iteration's broadcast: MPI's has no timeout.
+        self._dist.broadcast(LeaderFailed(message), root=0)  # type: ignore[attr-defined]

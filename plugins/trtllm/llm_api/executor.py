@@ -158,7 +158,12 @@ class TrtllmLlmApiExecutor(TrtllmExecutorBase[TrtllmLlmApiConfig, LlmApiSettings
     def _start_note(self) -> str:
         assert self._release is not None  # set by _start
         if self.settings.in_executor is not None:
-            return "; in-executor scheduling: our scheduler decides every iteration"
+            # Ours replaces TensorRT-LLM's capacity and micro-batch schedulers, so the
+            # configured capacity policy has no effect: say so rather than ignore it.
+            return (
+                "; in-executor scheduling: our scheduler decides every iteration "
+                f"(capacity policy {self.settings.capacity_scheduler_policy} not used)"
+            )
         return "; " + policy_summary(self.settings, self._release)
 
     def _no_stats_hint(self) -> str:

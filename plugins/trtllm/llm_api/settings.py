@@ -209,11 +209,14 @@ def with_scheduling(
     settings: LlmApiSettings, config: TrtllmLlmApiConfig, engine: EngineConfig
 ) -> LlmApiSettings:
     """Settings for ``config.scheduling``: unchanged for ``front``; for ``in_executor``,
-    the core the worker builds, and KV block reuse off (TensorRT-LLM's reuse moves a
+    the core the worker builds, KV block reuse off (TensorRT-LLM's reuse moves a
     request's context position after our plan is made, so the core's chunk would start
-    at the wrong token). Raises ``ConfigError`` for more than one pipeline-parallel
-    rank (``in_executor.install.check_executor`` says why); tensor parallelism is
-    fine (rank 0 decides, the others follow)."""
+    at the wrong token), chunked prefill on (the core's chunks) and ``max_seq_len`` set to the core's context limit (tokens).
+    Raises ``ConfigError`` for more than one pipeline-parallel rank
+    (``in_executor.install.check_executor`` says why; tensor parallelism is fine: rank
+    0 decides, the others follow), for guided decoding (a paused constrained request
+    would restart its grammar) and for a core step budget above TensorRT-LLM's
+    ``max_num_tokens``."""
     if config.scheduling == "front":
         return settings
     if settings.pipeline_parallel_size > 1:
@@ -223,10 +226,38 @@ def with_scheduling(
             f"{settings.pipeline_parallel_size}. Remove executor.scheduling "
             "(TensorRT-LLM's own scheduler then runs under ours)"
         )
+    if settings.guided_decoding_backend is not None:
+        # TensorRT-LLM's guided decoder builds a fresh grammar matcher for a request on
+        # its last context chunk (guided_decoder.py: require_matcher_init); a request the
+        # core pauses comes back as a context request, so its grammar would restart in
+        # the middle of its output.
+        raise ConfigError(
+            "executor.scheduling: in_executor cannot run with guided_decoding_backend: a "
+            "constrained request paused inside TensorRT-LLM's loop would restart its "
+            "grammar. Remove executor.scheduling (TensorRT-LLM's own scheduler then runs "
+            "under ours), or guided_decoding_backend"
+        )
+    if engine.scheduler.max_num_tokens > settings.max_num_tokens:
+        # TensorRT-LLM's model engine asserts total_num_tokens <= max_num_tokens in the
+        # forward pass and answers the error by failing every active request.
+        raise ConfigError(
+            f"executor.scheduling: in_executor: scheduler.max_num_tokens is "
+            f"{engine.scheduler.max_num_tokens} but TensorRT-LLM runs at most "
+            f"{settings.max_num_tokens} tokens per iteration (max_num_tokens) for "
+            f"{settings.model}; lower scheduler.max_num_tokens or raise the executor's"
+        )
     model_len = settings.max_seq_len or engine.model.max_model_len or settings.max_input_len
     assert model_len is not None  # with_model_len always sets max_input_len
     return replace(
         settings,
         enable_block_reuse=False,
+        # The core prefills prompts in chunks; without chunked prefill TensorRT-LLM's
+        # executor has no context-chunking config (py_executor_creator: ctx_chunk_config
+        # only with enable_chunked_prefill) and a later chunk's attention is not set up
+        # to read the earlier chunks' KV from the paged cache.
+        enable_chunked_prefill=True,
+        # Unset, TensorRT-LLM takes the model's own length, which may exceed the core's
+        # limit: requests (and the KV estimation's dummies) it accepts, ours would refuse.
+        max_seq_len=model_len,
         in_executor=InExecutorCore(engine, model_len, settings.tensor_parallel_size),
     )
