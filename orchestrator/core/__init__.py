@@ -8,6 +8,8 @@ numpy, FastAPI or TensorRT-LLM (a test checks).
 from orchestrator.core.calibration import shape_plan, time_step
 from orchestrator.core.clock import Clock, VirtualClock, WallClock
 from orchestrator.core.config import (
+    MAX_TPOT_MS,
+    MAX_TTFT_MS,
     AdmissionConfig,
     CacheConfig,
     ConfigError,
@@ -15,8 +17,10 @@ from orchestrator.core.config import (
     EngineConfig,
     ExecutorSpec,
     FairShareConfig,
+    KVEventsSpec,
     ModelConfig,
     PredictorConfig,
+    PrefixHashName,
     SchedulerConfig,
     SLOBudgetConfig,
     SLOClassConfig,
@@ -43,7 +47,27 @@ from orchestrator.core.executor import (
     executor_class,
     registered_executors,
 )
-from orchestrator.core.kv.hashing import BlockHash, block_hash, prefix_hashes, root_hash
+from orchestrator.core.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventSink,
+)
+from orchestrator.core.kv.hashing import (
+    BlockHash,
+    PrefixHasher,
+    block_hash,
+    prefix_hasher,
+    prefix_hashes,
+    root_hash,
+)
+from orchestrator.core.kv.sinks import (
+    KVEventSinkFactory,
+    create_kv_event_sink,
+    kv_event_sink_class,
+    registered_kv_event_sinks,
+)
 from orchestrator.core.output import (
     RequestOutput,
     ScheduledRequest,
@@ -66,9 +90,14 @@ from orchestrator.core.predictor import (
 from orchestrator.core.request import FinishReason, SamplingParams, Submission
 
 __all__ = [
+    "MAX_TPOT_MS",
+    "MAX_TTFT_MS",
     "AdmissionConfig",
     "AdmissionError",
+    "AllBlocksCleared",
     "BlockHash",
+    "BlockRemoved",
+    "BlockStored",
     "CacheConfig",
     "Clock",
     "ConfigError",
@@ -90,12 +119,18 @@ __all__ = [
     "ExecutorSpec",
     "FairShareConfig",
     "FinishReason",
+    "KVEvent",
+    "KVEventSink",
+    "KVEventSinkFactory",
+    "KVEventsSpec",
     "LinearStepTimePredictor",
     "ModelConfig",
     "ModelStepTimePredictor",
     "OverloadedError",
     "PredictorConfig",
     "PredictorState",
+    "PrefixHashName",
+    "PrefixHasher",
     "RequestOutput",
     "SLOBudgetConfig",
     "SLOClassConfig",
@@ -116,15 +151,19 @@ __all__ = [
     "WallClock",
     "block_hash",
     "create_executor",
+    "create_kv_event_sink",
     "executor_class",
     "features_of",
     "fit_prior",
     "format_errors",
+    "kv_event_sink_class",
     "load_engine_config",
     "load_yaml",
     "mixed_step",
+    "prefix_hasher",
     "prefix_hashes",
     "registered_executors",
+    "registered_kv_event_sinks",
     "root_hash",
     "shape_plan",
     "time_step",

@@ -30,6 +30,8 @@ from orchestrator.core.registry import registered_class
 BatchingName = Literal["continuous", "prefill_first", "static"]
 PolicyName = Literal["fcfs", "priority", "slo"]
 AdmissionName = Literal["queue_limits", "slo"]
+# Prefix-cache hash schemes (``kv/hashing.py``'s ``PREFIX_HASH_SCHEMES``).
+PrefixHashName = Literal["orchestrator", "vllm_sha256_cbor"]
 
 DEFAULT_MODEL_SOURCE = "embedded:smollm2-135m-instruct"
 
@@ -82,7 +84,10 @@ class AdmissionConfig(StrictModel):
     or ``max_waiting_tokens``; ``slo`` also predicts the request's TTFT from the work
     queued ahead of it (in policy order) and the running batch, and rejects it (HTTP
     429, code ``ttft_unattainable``) when the prediction exceeds ``ttft_margin`` times
-    its class's TTFT target. ``downgrade_to`` names a class to move such a request to
+    its class's TTFT target, after correcting the prediction by its measured error:
+    the ``error_quantile`` of the class's recent actual/predicted TTFT ratios, weighed
+    against the bare prediction while the class has few (docs/slo.md). ``ttft_margin`` is an operator's extra caution on top (1 for none;
+    below 1 refuses earlier). ``downgrade_to`` names a class to move such a request to
     instead of rejecting it, when that class's target is met. Every 429 carries a
     ``Retry-After`` computed from the predicted drain time (seconds), at least
     ``min_retry_after_s``. ``shed_after_deadline_s``: a waiting request that has produced
@@ -94,6 +99,7 @@ class AdmissionConfig(StrictModel):
 
     type: AdmissionName = "queue_limits"
     ttft_margin: float = Field(1.0, gt=0, le=10)
+    error_quantile: float = Field(0.75, gt=0, lt=1)
     downgrade_to: str | None = None
     min_retry_after_s: float = Field(1.0, ge=0)
     shed_after_deadline_s: float | None = Field(None, ge=0)
@@ -257,15 +263,23 @@ class CacheConfig(StrictModel):
     ``admission_headroom_blocks`` is the watermark: free blocks kept per running request
     when admitting a new one (each running request needs a new block within
     ``block_size`` steps; admitting into that headroom only causes preemptions).
-    ``prefix_hash_seed`` seeds the prefix-cache block hashes: replicas that share it agree
-    on block hashes (KV-aware routing needs that); ``None`` draws a random seed per
-    process, so hashes cannot be predicted from outside.
+    ``prefix_hash`` is the scheme of the prefix-cache block hashes, which KV events carry
+    (``orchestrator/core/kv/hashing.py``): ``orchestrator`` (SHA-256 over the parent
+    digest and the token ids as uint32) or ``vllm_sha256_cbor`` (vLLM's ``sha256_cbor``
+    block hashes, byte for byte, for routers that compute vLLM's hashes, such as llm-d's
+    precise prefix-cache scorer; they must then use our ``block_size`` too).
+    ``prefix_hash_seed`` seeds them: replicas that share it agree on block hashes
+    (KV-aware routing needs that). Unset, ``orchestrator`` draws a random seed per
+    process, so hashes cannot be predicted from outside; ``vllm_sha256_cbor`` uses it as
+    vLLM uses ``PYTHONHASHSEED`` (the same value gives the same hashes) and, unset, vLLM's
+    default seed, as a vLLM server without ``PYTHONHASHSEED`` does.
     """
 
     block_size: int = Field(16, ge=1)
     num_blocks: int | None = Field(None, ge=1)
     enable_prefix_caching: bool = True
     admission_headroom_blocks: int = Field(1, ge=0)
+    prefix_hash: PrefixHashName = "orchestrator"
     prefix_hash_seed: str | None = None
 
 
@@ -283,6 +297,18 @@ class ModelConfig(StrictModel):
     max_model_len: int | None = Field(None, ge=1)
 
 
+def split_type(data: Any, section: str, examples: str) -> Any:
+    """A plug-in section written flat, ``{type: NAME, key: value, ...}``, as ``{type:
+    NAME, options: {key: value, ...}}``; ``ValueError`` naming ``section`` when it has
+    no ``type``. Anything else is returned unchanged for pydantic to judge."""
+    if isinstance(data, dict) and "options" not in data:
+        if "type" not in data:
+            raise ValueError(f"the {section} section needs a 'type' (e.g. {examples})")
+        rest = {k: v for k, v in data.items() if k != "type"}
+        return {"type": data["type"], "options": rest}
+    return data
+
+
 class ExecutorSpec(StrictModel):
     """``type`` names a registered executor; ``options`` is validated by its ``Config``."""
 
@@ -292,12 +318,7 @@ class ExecutorSpec(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _split_type(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "options" not in data:
-            if "type" not in data:
-                raise ValueError("the executor section needs a 'type' (e.g. torch, sim)")
-            rest = {k: v for k, v in data.items() if k != "type"}
-            return {"type": data["type"], "options": rest}
-        return data
+        return split_type(data, "executor", "torch, sim")
 
     @model_validator(mode="after")
     def _validate_options(self) -> ExecutorSpec:
@@ -312,18 +333,37 @@ class ExecutorSpec(StrictModel):
         return self
 
 
+class KVEventsSpec(StrictModel):
+    """Where the engine's KV events go: ``{type: NAME, ...options}``. ``NAME`` picks a
+    sink registered in the entry-point group ``orchestrator.kv_event_sinks`` (``zmq``:
+    vLLM's ZMQ wire format, ``plugins/kv_events``); its own pydantic ``Config``
+    validates the options when the sink is built (``create_kv_event_sink``, where the
+    engine is built), so a config file loads without the sink's dependencies."""
+
+    type: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_type(cls, data: Any) -> Any:
+        return split_type(data, "kv_events", "zmq")
+
+
 class EngineConfig(StrictModel):
     """Everything needed to start an engine.
 
     ``server`` is the gateway's section (``orchestrator serve`` validates it with
     ``orchestrator.gateway.config.ServeConfig``); the core carries it unread, so one
-    serve file also loads here, e.g. for ``orchestrator calibrate``.
+    serve file also loads here, e.g. for ``orchestrator calibrate``. ``kv_events``
+    (``KVEventsSpec``) names a sink for the engine's KV events; absent, none are
+    recorded. ``orchestrator serve`` attaches it; the simulator ignores it.
     """
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     executor: ExecutorSpec
+    kv_events: KVEventsSpec | None = None
     server: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -12,6 +12,7 @@ from orchestrator.core.clock import Clock, WallClock
 from orchestrator.core.config import EngineConfig, StepTimePrior
 from orchestrator.core.constraint import ConstraintBackend
 from orchestrator.core.executor import Executor, ExecutorInfo, create_executor
+from orchestrator.core.kv.events import KVEventSink
 from orchestrator.core.kv.manager import KVCacheManager
 from orchestrator.core.output import RequestOutput, SchedulerOutput, StepCost, StepResult
 from orchestrator.core.predictor import (
@@ -68,7 +69,9 @@ class EngineStats:
     ``num_shed`` counts waiting requests ended past their TTFT deadline.
     ``rejections``: ``(slo_class, code, count)`` of refusals since start (class ``""``
     for requests without one); ``ttft_prediction_error_by_class``: ``(slo_class,
-    error)`` for each class with a prediction so far."""
+    error)`` for each class with a prediction so far; ``regretted_refusals``:
+    ``(slo_class, count)`` of refusals since start whose request, by the queue's drain
+    after them, would have met its TTFT target (``TtftOutcomes``, docs/slo.md)."""
 
     num_running: int
     num_waiting: int
@@ -80,6 +83,7 @@ class EngineStats:
     num_shed: int = 0
     rejections: tuple[tuple[str, str, int], ...] = ()
     ttft_prediction_error_by_class: tuple[tuple[str, float], ...] = ()
+    regretted_refusals: tuple[tuple[str, int], ...] = ()
     predictor_state: PredictorState = PredictorState.TRUSTED
 
 
@@ -129,6 +133,8 @@ class EngineCore:
         # The plan of the step in progress (or the last one): a crash report shows it.
         self.last_plan: SchedulerOutput | None = None
         self._predictor_state = scheduler.predictor.state
+        self._kv_event_sink: KVEventSink | None = None
+        self.kv_event_sink_errors = 0
 
     @property
     def max_model_len(self) -> int:
@@ -159,6 +165,7 @@ class EngineCore:
             cache.enable_prefix_caching,
             headroom_blocks=cache.admission_headroom_blocks,
             hash_seed=cache.prefix_hash_seed,
+            hash_scheme=cache.prefix_hash,
             mirror_executor=info.mirrors_executor_kv,
         )
         backend = None
@@ -173,6 +180,34 @@ class EngineCore:
         )
         scheduler = Scheduler(config.scheduler, kv, max_model_len, predictor, constraints)
         return cls(scheduler, executor, clock if clock is not None else WallClock(), info)
+
+    def attach_kv_event_sink(self, sink: KVEventSink) -> None:
+        """Send this engine's KV events (``orchestrator.core.kv.events``) to ``sink`` from
+        now on: ``sink.publish(events)`` once per step that produced any, after the
+        scheduler's update, on the engine's thread. An exception from the sink is logged
+        and counted (``kv_event_sink_errors``), never raised: the engine carries on and
+        those events are lost. The engine owns the sink from now on and closes it in
+        ``shutdown``. Attach before the first step (blocks cached earlier are never
+        reported); ``RuntimeError`` if a sink is already attached. With prefix caching
+        off nothing is cached, so there are no events."""
+        if self._kv_event_sink is not None:
+            raise RuntimeError("a KV event sink is already attached to this engine")
+        self.scheduler.kv.record_events()
+        self._kv_event_sink = sink
+
+    def _publish_kv_events(self, sink: KVEventSink) -> None:
+        events = self.scheduler.kv.take_events()
+        if not events:
+            return
+        try:
+            sink.publish(events)
+        except Exception:
+            self.kv_event_sink_errors += 1
+            n = self.kv_event_sink_errors
+            # 1st, 2nd, 4th, 8th... failure: a sink that keeps failing must not flood the
+            # log once per step, nor go silent after its first failure.
+            if n & (n - 1) == 0:
+                logger.exception("the KV event sink failed (%d times); its events are lost", n)
 
     def calibrate_predictor(self, config: EngineConfig) -> StepTimePrior | None:
         """Before serving: fit the step-time predictor's prior to steps timed on this
@@ -266,10 +301,14 @@ class EngineCore:
             predictor.observe(features, result.duration_s)
             self._note_predictor_state()
         outputs = self.scheduler.update(plan, result, start + result.duration_s)
+        if self._kv_event_sink is not None:
+            self._publish_kv_events(self._kv_event_sink)
         return EngineStep(outputs, plan, start, result.duration_s, result.cost)
 
     def stats(self) -> EngineStats:
         s, slo = self.scheduler, self.scheduler.slo
+        outcomes = s.admission.outcomes
+        outcomes.update()
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -290,6 +329,9 @@ class EngineCore:
                 (name, error)
                 for name, window in sorted(slo.ttft_errors_by_class.items())
                 if (error := window.median) is not None
+            ),
+            regretted_refusals=tuple(
+                sorted((slo_class or "", n) for slo_class, n in outcomes.regretted.items())
             ),
         )
 
@@ -313,8 +355,14 @@ class EngineCore:
         return f"stats: {self.stats()}; last plan: {planned}"
 
     def shutdown(self) -> None:
+        """Stop grammar compiles, shut the executor down and close the KV event sink."""
         self.scheduler.constraints.shutdown()
-        self.executor.shutdown()
+        try:
+            self.executor.shutdown()
+        finally:
+            sink, self._kv_event_sink = self._kv_event_sink, None
+            if sink is not None:
+                sink.close()
 
 
 def _describe(shape: Sequence[tuple[int, int]]) -> str:

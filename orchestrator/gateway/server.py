@@ -37,12 +37,16 @@ SHUTDOWN_REASON = "the server is shutting down"
 def load_model(config: EngineConfig) -> LoadedModel:
     """The engine core with the configured executor, its step-time predictor calibrated
     on it (before ``/ready``: the engine starts once this returns), and the model's
-    tokenizer."""
+    tokenizer. The engine sends its KV events to the sink ``kv_events`` names, if any,
+    and closes it when it shuts down."""
     from orchestrator.common.model_source import load_tokenizer
-    from orchestrator.core import EngineCore
+    from orchestrator.core import EngineCore, create_kv_event_sink
 
     tokenizer = HFTokenizer(load_tokenizer(config.model))
     core = EngineCore.from_config(config)
+    sink = create_kv_event_sink(config)
+    if sink is not None:
+        core.attach_kv_event_sink(sink)
     core.calibrate_predictor(config)
     return LoadedModel(core, tokenizer)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from itertools import islice
 
+from orchestrator.core.kv.events import BlockRemoved, KVEvent
 from orchestrator.core.kv.hashing import BlockHash
 
 
@@ -17,6 +19,8 @@ class BlockPool:
     request with the same prefix can take it back (``touch``) instead of recomputing it.
     New blocks come from the front of the free queue (least recently freed), evicting
     the cached hash they carry.
+
+    With ``record_evictions`` each eviction is also reported as a ``BlockRemoved``.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -50,6 +54,22 @@ class BlockPool:
         self.num_used += n
         return blocks
 
+    def record_evictions(self, events: list[KVEvent]) -> None:
+        """From now on, append to ``events`` one ``BlockRemoved`` per ``allocate`` that
+        evicts cached hashes, naming exactly those hashes in eviction order."""
+        self._events = events
+        # Chosen once here, so a pool nobody listens to runs the plain loop unchanged.
+        self.allocate = self._allocate_recording  # type: ignore[method-assign]
+
+    def _allocate_recording(self, n: int) -> list[int]:
+        # ``allocate`` takes the first ``n`` queued blocks in order: their hashes go.
+        hashes = self.block_hashes
+        evicted = tuple(h for b in islice(self.free_queue, n) if (h := hashes[b]) is not None)
+        blocks = BlockPool.allocate(self, n)
+        if evicted:
+            self._events.append(BlockRemoved(evicted))
+        return blocks
+
     def touch(self, blocks: Iterable[int]) -> None:
         """Add a reference to cached blocks a new owner reuses."""
         for block in blocks:
@@ -68,12 +88,15 @@ class BlockPool:
                 self.free_queue[block] = None
                 self.num_used -= 1
 
-    def cache(self, block: int, block_hash: BlockHash) -> None:
-        """Register a full, computed block under its prefix hash. A hash already cached
-        under another block keeps that block (two requests computed the same content)."""
+    def cache(self, block: int, block_hash: BlockHash) -> bool:
+        """Register a full, computed block under its prefix hash; returns whether it was
+        registered. A hash already cached under another block keeps that block (two
+        requests computed the same content)."""
         if block_hash not in self.cached and self.block_hashes[block] is None:
             self.cached[block_hash] = block
             self.block_hashes[block] = block_hash
+            return True
+        return False
 
     def lookup(self, block_hash: BlockHash) -> int | None:
         return self.cached.get(block_hash)

@@ -3,8 +3,8 @@ admission headroom.
 
 Block ``i`` of a request holds its token positions ``[i * block_size, (i + 1) *
 block_size)``. A full block is identified by a chained SHA-256 hash of its tokens and its
-parent's hash (``orchestrator.core.kv.hashing``), so equal prefixes map to equal hashes
-and a new request can reuse blocks another request computed.
+parent's hash (``orchestrator.core.kv.hashing``, in the configured scheme), so equal
+prefixes map to equal hashes and a new request can reuse blocks another request computed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from orchestrator.core.kv.block_pool import BlockPool
-from orchestrator.core.kv.hashing import BlockHash, block_hash, root_hash
+from orchestrator.core.kv.events import BlockStored, KVEvent
+from orchestrator.core.kv.hashing import BlockHash, prefix_hasher
 from orchestrator.core.request import Request
 
 
@@ -47,6 +48,10 @@ class KVCacheManager:
     its known tokens on its first chunk, as that manager allocates a sequence, and no
     allocation takes blocks beyond the executor's last reported free count either. All
     counts are blocks unless a name says tokens.
+
+    ``hash_scheme`` and ``hash_seed`` pick the prefix hashes (``cache.prefix_hash`` and
+    ``cache.prefix_hash_seed``). After ``record_events`` the manager buffers KV events
+    (``orchestrator.core.kv.events``) until ``take_events``; before it, it records none.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class KVCacheManager:
         *,
         headroom_blocks: int = 1,
         hash_seed: str | None = None,
+        hash_scheme: str = "orchestrator",
         mirror_executor: bool = False,
     ) -> None:
         if block_size < 1:
@@ -66,8 +72,10 @@ class KVCacheManager:
         self.headroom_blocks = headroom_blocks
         self.mirror_executor = mirror_executor
         self.pool = BlockPool(num_blocks)
-        self._root = root_hash(hash_seed)
+        self.hasher = prefix_hasher(hash_scheme, hash_seed)
         self._records: dict[str, _RequestBlocks] = {}
+        self.records_events = False
+        self._events: list[KVEvent] = []
         # How many fewer blocks the executor had free than this pool at its last report
         # (0 when it reports none, or has more): our allocations since then move both.
         self._executor_shortfall = 0
@@ -120,7 +128,8 @@ class KVCacheManager:
         """Hashes of the request's full blocks from block ``start`` on (``parent``: the
         hash of block ``start - 1``), computed lazily."""
         bs = self.block_size
-        parent = self._root if parent is None else parent
+        block_hash = self.hasher.block_hash
+        parent = self.hasher.root if parent is None else parent
         for i in range(start, request.num_tokens // bs):
             parent = block_hash(parent, request.token_ids(i * bs, (i + 1) * bs))
             yield parent
@@ -215,10 +224,61 @@ class KVCacheManager:
         done = record.num_committed
         if full <= done or not self.enable_prefix_caching:
             return
-        hashes = self._hashes(request)
-        for i in range(done, full):
-            self.pool.cache(record.blocks[i], hashes[i])
+        self._cache_blocks(request, record.blocks, self._hashes(request), done, full)
         record.num_committed = full
+
+    def _cache_blocks(
+        self, request: Request, blocks: list[int], hashes: list[BlockHash], start: int, stop: int
+    ) -> None:
+        """Register ``blocks[start:stop]`` of ``request`` under ``hashes[start:stop]``."""
+        cache = self.pool.cache
+        for i in range(start, stop):
+            cache(blocks[i], hashes[i])
+
+    def _cache_blocks_recording(
+        self, request: Request, blocks: list[int], hashes: list[BlockHash], start: int, stop: int
+    ) -> None:
+        """``_cache_blocks``, with one ``BlockStored`` per run of consecutive blocks that
+        were registered (a block whose hash another block holds breaks the run)."""
+        cache = self.pool.cache
+        run = start
+        for i in range(start, stop):
+            if not cache(blocks[i], hashes[i]):
+                self._stored(request, hashes, run, i)
+                run = i + 1
+        self._stored(request, hashes, run, stop)
+
+    def _stored(self, request: Request, hashes: list[BlockHash], start: int, stop: int) -> None:
+        """Record that blocks ``start .. stop - 1`` of ``request`` were stored (none when
+        the range is empty)."""
+        if start < stop:
+            bs = self.block_size
+            self._events.append(
+                BlockStored(
+                    block_hashes=tuple(hashes[start:stop]),
+                    parent_block_hash=hashes[start - 1] if start else None,
+                    token_ids=tuple(request.token_ids(start * bs, stop * bs)),
+                    block_size=bs,
+                )
+            )
+
+    def record_events(self) -> None:
+        """Buffer KV events from now on: ``BlockStored`` when ``commit`` registers full
+        blocks, ``BlockRemoved`` when an allocation evicts cached ones. Blocks cached before
+        this call are never reported, so call it before the first step. Calling it again
+        changes nothing."""
+        if not self.records_events:
+            self.records_events = True
+            # Chosen once here, so a manager nobody listens to runs the plain loop.
+            self._cache_blocks = self._cache_blocks_recording  # type: ignore[method-assign]
+            self.pool.record_evictions(self._events)
+
+    def take_events(self) -> list[KVEvent]:
+        """The events buffered since the last call, oldest first (a new list, the
+        caller's to keep); empty unless ``record_events`` was called."""
+        events = self._events[:]
+        self._events.clear()
+        return events
 
     def free(self, request: Request, keep_hashes: bool = False) -> None:
         """Release the request's blocks (tail first). ``keep_hashes`` keeps its prefix
