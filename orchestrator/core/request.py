@@ -9,6 +9,7 @@ step exactly when that step's tokens reach the end of its known tokens.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from orchestrator.core.constraint import ConstraintSpec
@@ -101,6 +102,10 @@ class Submission:
     is counted (an API key or the client's ``user`` field); both are ``None`` when unused.
     ``constraint``, when set, is what the output must match (structured outputs, tool
     calls); the engine refuses it when its executor cannot enforce one.
+    ``ttft_target_s`` / ``tpot_target_s`` (seconds) are the request's own SLO targets:
+    each, when set, replaces its class's target of that name for this request alone
+    (deadline order, SLO admission, the SLO token budget and shedding read it), and a
+    request with one has targets even without a class; ``None`` keeps the class's.
     """
 
     request_id: str
@@ -111,12 +116,19 @@ class Submission:
     slo_class: str | None = None
     tenant: str | None = None
     constraint: ConstraintSpec | None = None
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
 
     def __post_init__(self) -> None:
         # Callers may pass any sequence; a tuple keeps the record immutable.
         object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id!r} has an empty prompt")
+        for name in ("ttft_target_s", "tpot_target_s"):
+            value = getattr(self, name)
+            # ``not 0 < value < inf`` also refuses NaN, which compares false to everything.
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
 
 
 @dataclass(eq=False, slots=True)
@@ -146,8 +158,13 @@ class Request:
     num_cached_prompt_tokens: int = 0
     slo_class: str | None = None
     tenant: str | None = None
-    # Set at submission from the request's SLO class (seconds, engine clock): the time
-    # its first token is due (its arrival when it has no class) and its TPOT target.
+    # The request's own SLO targets (s), from its submission: each replaces its class's.
+    own_ttft_s: float | None = None
+    own_tpot_s: float | None = None
+    # Set at submission from its own targets, else its SLO class's (seconds, engine
+    # clock): its TTFT target, the time its first token is due (its arrival when it has
+    # no TTFT target) and its TPOT target.
+    ttft_target_s: float | None = None
     ttft_deadline: float = 0.0
     tpot_target_s: float | None = None
     # The TTFT (s) admission predicted for it, when SLO admission ran, and the prompt
@@ -170,6 +187,8 @@ class Request:
             slo_class=submission.slo_class,
             tenant=submission.tenant,
             constraint=submission.constraint,
+            own_ttft_s=submission.ttft_target_s,
+            own_tpot_s=submission.tpot_target_s,
         )
 
     def __post_init__(self) -> None:

@@ -40,7 +40,10 @@ def create_app(
     server = config.server
     lifecycle: GatewayLifecycle
     metrics = GatewayMetrics(
-        lambda: lifecycle.engine_stats(), config.model.name, lambda: lifecycle.executor_platform()
+        lambda: lifecycle.engine_stats(),
+        config.model.name,
+        lambda: lifecycle.executor_platform(),
+        config.cache,
     )
 
     def make_serving(engine: AsyncEngine, tokenizer: Tokenizer) -> OpenAIServing:
@@ -54,6 +57,7 @@ def create_app(
             limits=ServingLimits(server.default_chat_max_tokens, server.max_tokens_limit),
             tenant_classes=server.tenant_slo_classes,
             tool_format=tool_call_format(server.tool_call_parser),
+            objectives=server.objectives,
         )
 
     lifecycle = GatewayLifecycle(make_serving)

@@ -14,10 +14,27 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from orchestrator.core import EngineConfig, StrictModel, load_yaml
+from orchestrator.gateway.protocol import PRIORITY_MAX, PRIORITY_MIN
 
 # The tool-call formats ``orchestrator.gateway.tool_parsers.TOOL_CALL_FORMATS`` holds,
 # by name (a test keeps the two equal): config holds names, behaviour the registry.
 ToolCallParserName = Literal["hermes"]
+
+
+class ObjectiveConfig(StrictModel):
+    """What an llm-d InferenceObjective (named by a request's
+    ``x-llm-d-inference-objective`` header) means on this server.
+
+    ``priority``: the request's priority when its body and ``X-Priority`` give none, on
+    this server's scale (lower is served first). An InferenceObjective's
+    ``spec.priority`` runs the other way (higher is more critical), so an objective of
+    ``spec.priority: 10`` is ``priority: -10`` here. ``slo_class``: the request's SLO
+    class when its body and ``X-SLO-Class`` name none (a key of
+    ``scheduler.slo_classes``; ``ServeConfig`` checks it exists). ``None`` leaves each as
+    it would be without the objective."""
+
+    priority: int | None = Field(None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    slo_class: str | None = None
 
 
 class ServerConfig(StrictModel):
@@ -37,7 +54,12 @@ class ServerConfig(StrictModel):
 
     ``tool_call_parser`` names the served model family's tool-call format (vLLM's and
     trtllm-serve's names): how tools are prompted where the chat template cannot, the
-    grammar that forces a call, and how calls are read back."""
+    grammar that forces a call, and how calls are read back.
+
+    ``objectives`` maps an llm-d InferenceObjective's name (the
+    ``x-llm-d-inference-objective`` header) to the priority and SLO class its requests
+    get (``ObjectiveConfig``); a name not listed leaves the request as it was, as llm-d's
+    endpoint picker does for an objective it does not know."""
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -50,6 +72,7 @@ class ServerConfig(StrictModel):
     max_tokens_limit: int | None = Field(None, ge=1)
     tenant_slo_classes: dict[str, str] = Field(default_factory=dict)
     tool_call_parser: ToolCallParserName = "hermes"
+    objectives: dict[str, ObjectiveConfig] = Field(default_factory=dict)
 
 
 class ServeConfig(EngineConfig):
@@ -67,6 +90,13 @@ class ServeConfig(EngineConfig):
                 raise ValueError(
                     f"server.tenant_slo_classes: tenant {tenant[:4]}...'s class {name!r} is "
                     f"not in scheduler.slo_classes (known: {known})"
+                )
+        for objective, entry in self.server.objectives.items():
+            if entry.slo_class is not None and entry.slo_class not in classes:
+                known = ", ".join(classes) or "none configured"
+                raise ValueError(
+                    f"server.objectives.{objective}.slo_class: {entry.slo_class!r} is not in "
+                    f"scheduler.slo_classes (known: {known})"
                 )
         return self
 

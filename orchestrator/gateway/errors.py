@@ -4,8 +4,11 @@ place: ``{"error": {"message", "type", "param", "code"}}``.
 Engine errors map as: ``AdmissionError`` -> 400 (``param`` the field at fault),
 ``ConstraintError`` (a schema or grammar the engine could not compile) -> 400 naming
 the field it came from,
-``OverloadedError`` -> 429 with ``Retry-After`` and the engine's reason as ``code``, ``EngineDeadError`` -> 503, a request the engine failed or could not
-accept -> 500. Any other exception is a 500. No error body carries an internal exception
+``OverloadedError`` -> 429 with ``Retry-After`` and the engine's reason as ``code``,
+``RequestShedError`` (ended past its TTFT deadline before a token) -> 503 with its reason
+as ``code``, ``EngineDeadError`` -> 503, a request the engine failed or could not
+accept -> 500. The 429 and the shed 503 also carry llm-d's
+``x-llm-d-request-dropped-reason`` (``DROPPED_REASON_HEADER``). Any other exception is a 500. No error body carries an internal exception
 text: the engine's own reasons travel as ``APIError.detail``, which only the request log
 line shows.
 """
@@ -32,6 +35,15 @@ from orchestrator.gateway.async_engine import (
 from orchestrator.gateway.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
+
+# llm-d's response header saying why a request was dropped, and the two of its values
+# (pkg/common/error/error.go in llm-d/llm-d-router) that fit: ``rejected-saturated``
+# for a refusal at admission (no capacity for it now, whatever our engine's reason,
+# which the body's ``code`` carries), ``evicted`` for a request the server accepted and
+# then ended before serving it. Clients branch on these values, so none is invented.
+DROPPED_REASON_HEADER = "x-llm-d-request-dropped-reason"
+DROPPED_SATURATED = "rejected-saturated"
+DROPPED_EVICTED = "evicted"
 
 _TYPES_BY_STATUS: dict[int, str] = {
     400: "invalid_request_error",
@@ -106,7 +118,8 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, OverloadedError):
         # The engine's predicted drain time, in the whole seconds Retry-After carries.
         retry_after = str(max(1, math.ceil(exc.retry_after_s)))
-        return APIError(429, str(exc), code=exc.code, headers={"Retry-After": retry_after})
+        headers = {"Retry-After": retry_after, DROPPED_REASON_HEADER: DROPPED_SATURATED}
+        return APIError(429, str(exc), code=exc.code, headers=headers)
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc), code="engine_unavailable")
     if isinstance(exc, ConstraintError):
@@ -115,7 +128,9 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(400, message, param=exc.param, code="invalid_constraint")
     if isinstance(exc, RequestShedError):
         # A deliberate, temporary refusal (the server is behind), not a server fault.
-        return APIError(503, str(exc), code=exc.code)
+        return APIError(
+            503, str(exc), code=exc.code, headers={DROPPED_REASON_HEADER: DROPPED_EVICTED}
+        )
     if isinstance(exc, RequestFailedError):
         return APIError(500, str(exc), code="generation_failed", detail=exc.detail)
     if isinstance(exc, SubmissionFailedError):

@@ -11,7 +11,12 @@ The queue and KV gauges are also exported under vLLM's names (``vllm:num_request
 ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``, labelled ``model_name`` as
 vLLM's are), which an inference router such as llm-d's endpoint picker (Gateway API
 Inference Extension) reads by default; ``kv_cache_usage_perc`` is a fraction in 0..1,
-as vLLM's is despite its name.
+as vLLM's is despite its name. ``vllm:cache_config_info`` is vLLM's info gauge (always
+1) whose ``block_size`` (tokens) and ``num_gpu_blocks`` (the KV pool, whatever the
+device) labels tell the picker the pool's size, with ``enable_prefix_caching`` and
+``engine`` (``"0"``: one engine per server) as vLLM labels them (``log_metrics_info``
+in vLLM's ``vllm/v1/metrics/loggers.py``). No ``vllm:lora_requests_info`` is exported:
+vLLM exports it only with LoRA enabled, and no adapters are served here.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from orchestrator.common.metrics import RequestRecord
-from orchestrator.core import EngineStats, FinishReason, PredictorState
+from orchestrator.core import CacheConfig, EngineStats, FinishReason, PredictorState
 
 PREFIX = "orchestrator"
 VLLM_PREFIX = "vllm:"
@@ -41,10 +46,12 @@ class _EngineCollector(Collector):
         stats: Callable[[], EngineStats | None],
         model_name: str,
         platform: Callable[[], tuple[tuple[str, str], ...]],
+        cache: CacheConfig,
     ) -> None:
         self._stats = stats
         self._model_name = model_name
         self._platform = platform
+        self._cache = cache
 
     def collect(self) -> Iterator[Metric]:
         labels = self._platform()
@@ -80,6 +87,19 @@ class _EngineCollector(Collector):
             family = GaugeMetricFamily(f"{VLLM_PREFIX}{name}", doc, labels=["model_name"])
             family.add_metric([self._model_name], sample)
             yield family
+        cache_labels = {
+            "block_size": str(self._cache.block_size),
+            "num_gpu_blocks": str(stats.kv_blocks_total),
+            "enable_prefix_caching": str(self._cache.enable_prefix_caching),
+            "engine": "0",
+        }
+        cache_info = GaugeMetricFamily(
+            f"{VLLM_PREFIX}cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=list(cache_labels),
+        )
+        cache_info.add_metric(list(cache_labels.values()), 1.0)
+        yield cache_info
         yield CounterMetricFamily(
             f"{PREFIX}_preemptions",
             "Requests preempted (recompute) since start.",
@@ -99,6 +119,16 @@ class _EngineCollector(Collector):
         for slo_class, code, count in stats.rejections:
             rejections.add_metric([slo_class, code], count)
         yield rejections
+        regretted = CounterMetricFamily(
+            f"{PREFIX}_admission_regretted_refusals",
+            "Refusals since start whose request would have met its TTFT target, as "
+            "estimated from when the requests ahead of it got their first token, by SLO "
+            "class ('' for none).",
+            labels=["slo_class"],
+        )
+        for slo_class, count in stats.regretted_refusals:
+            regretted.add_metric([slo_class], count)
+        yield regretted
         by_class = GaugeMetricFamily(
             f"{PREFIX}_ttft_prediction_error_by_class",
             "Median relative error of SLO admission's TTFT predictions per SLO class "
@@ -142,13 +172,16 @@ class _EngineCollector(Collector):
 class GatewayMetrics:
     """The gateway's Prometheus metrics. ``stats`` returns the engine's latest stats, or
     ``None`` while no engine runs; ``model_name`` labels the vLLM-named gauges;
-    ``platform`` returns the executor's ``info().platform`` labels (empty while none)."""
+    ``platform`` returns the executor's ``info().platform`` labels (empty while none);
+    ``cache`` (the config's) gives ``vllm:cache_config_info`` its block size and prefix
+    caching flag (the engine checks the executor's block size against it)."""
 
     def __init__(
         self,
         stats: Callable[[], EngineStats | None],
         model_name: str,
         platform: Callable[[], tuple[tuple[str, str], ...]] = tuple,
+        cache: CacheConfig | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -201,7 +234,7 @@ class GatewayMetrics:
         self.generation_tokens = Counter(
             f"{PREFIX}_generation_tokens", "Output tokens generated (as in usage).", registry=r
         )
-        r.register(_EngineCollector(stats, model_name, platform))
+        r.register(_EngineCollector(stats, model_name, platform, cache or CacheConfig()))
 
     def observe_request(
         self, record: RequestRecord, finish_reason: FinishReason, queue_time_s: float | None

@@ -35,7 +35,9 @@ ERROR_STATUSES: dict[int, str] = {
     404: "Unknown `model`.",
     405: "Method not allowed on this path.",
     413: "The body is over `server.max_body_bytes`.",
-    429: "The waiting queue is full; `Retry-After` says when to retry. Nothing was queued.",
+    429: "Refused at admission (queue limits, or a TTFT its SLO target would miss); "
+    "`Retry-After` says when to retry, `x-llm-d-request-dropped-reason` is "
+    "`rejected-saturated`. Nothing was queued.",
     500: "The engine could not complete this request (others are unaffected).",
     503: "The model is loading, the server is draining, or the engine stopped.",
 }

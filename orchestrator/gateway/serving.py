@@ -36,10 +36,12 @@ from orchestrator.core import (
 )
 from orchestrator.gateway.async_engine import AsyncEngine, ConstraintError, RequestStream
 from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
+from orchestrator.gateway.config import ObjectiveConfig
 from orchestrator.gateway.constraints import chat_constraint, completion_constraint
 from orchestrator.gateway.errors import APIError, to_api_error
 from orchestrator.gateway.formats import ChatFormat, CompletionFormat, ResponseFormat
 from orchestrator.gateway.lifecycle import InFlight
+from orchestrator.gateway.llmd import LlmdHints, read_hints
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import mark_logged
 from orchestrator.gateway.protocol import (
@@ -86,13 +88,14 @@ def _slo_class(body_class: str | None, call: CallInfo) -> str | None:
     return header
 
 
-def _tenant(user: str | None, call: CallInfo) -> str | None:
+def _tenant(user: str | None, call: CallInfo, hints: LlmdHints) -> str | None:
     """Whose share of service a request counts against: the API key it authenticated
-    with, else the OpenAI ``user`` field (auth off)."""
+    with; else (auth off) the ``x-llm-d-inference-fairness-id`` header, which the
+    fleet's gateway sets; else the client's own OpenAI ``user`` field."""
     scheme, _, key = call.http.headers.get("authorization", "").partition(" ")
     if scheme.lower() == "bearer" and key:
         return key
-    return user
+    return hints.fairness_id if hints.fairness_id is not None else user
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,7 @@ class _Job:
     prompts: list[list[int]]
     priority: int
     prompt_text: Any
+    hints: LlmdHints
     choices_per_prompt: int = 1
     constraint: ConstraintSpec | None = None
     choices: list[ChoiceState] = field(default_factory=list)
@@ -179,11 +183,14 @@ class OpenAIServing:
         limits: ServingLimits | None = None,
         tenant_classes: Mapping[str, str] | None = None,
         tool_format: ToolCallFormat | None = None,
+        objectives: Mapping[str, ObjectiveConfig] | None = None,
     ) -> None:
         """``tenant_classes`` (``server.tenant_slo_classes``) maps a tenant to the SLO
         class of its requests that name none; without one the engine applies
         ``scheduler.default_slo_class``. ``tool_format`` (``server.tool_call_parser``)
-        prompts, constrains and parses tool calls; default ``hermes``."""
+        prompts, constrains and parses tool calls; default ``hermes``. ``objectives``
+        (``server.objectives``) maps an llm-d objective name to a priority and SLO
+        class (``llmd.read_hints``)."""
         self._engine = engine
         self._tokenizer = tokenizer
         self.model_name = model_name
@@ -193,6 +200,7 @@ class OpenAIServing:
         self._limits = limits or ServingLimits()
         self._tenant_classes = tenant_classes or {}
         self._tool_format = tool_format or HermesFormat()
+        self._objectives = objectives or {}
 
     def now(self) -> float:
         """The engine clock (seconds): request arrival and token times use it."""
@@ -202,6 +210,7 @@ class OpenAIServing:
 
     async def completions(self, body: CompletionRequest, call: CallInfo) -> Response:
         self._check_model(body.model)
+        hints = read_hints(call.http.headers, self._objectives)
         batch: list[str | list[int]] = list(body.prompts)
         prompts = [self._completion_prompt(p, i, len(batch)) for i, p in enumerate(batch)]
         max_tokens = body.max_tokens
@@ -225,13 +234,14 @@ class OpenAIServing:
             body.logprobs is not None,
             echo=echo,
         )
-        priority = self._priority(body.priority, call)
+        priority = self._priority(body.priority, call, hints)
         job = _Job(
             call,
             "completions",
             prompts,
             priority,
             body.prompt,
+            hints,
             choices_per_prompt=n,
             constraint=completion_constraint(body),
         )
@@ -239,6 +249,7 @@ class OpenAIServing:
 
     async def chat(self, body: ChatCompletionRequest, call: CallInfo) -> Response:
         self._check_model(body.model)
+        hints = read_hints(call.http.headers, self._objectives)
         constraint = chat_constraint(body, self._tool_format)
         messages, tools = prompt_messages(body, self._tokenizer.renders_tools, self._tool_format)
         try:
@@ -279,13 +290,14 @@ class OpenAIServing:
             bool(body.logprobs),
             tool_parser=(lambda: self._tool_format.parser(names)) if names else None,
         )
-        priority = self._priority(body.priority, call)
+        priority = self._priority(body.priority, call, hints)
         job = _Job(
             call,
             "chat",
             [prompt],
             priority,
             messages,
+            hints,
             choices_per_prompt=body.n or 1,
             constraint=constraint,
         )
@@ -349,12 +361,14 @@ class OpenAIServing:
             )
 
     @staticmethod
-    def _priority(body_priority: int | None, call: CallInfo) -> int:
-        """The body's ``priority`` wins over the ``X-Priority`` header; default 0. Both
-        are validated to the same range at the API."""
-        if body_priority is not None:
-            return body_priority
-        return call.priority_header if call.priority_header is not None else 0
+    def _priority(body_priority: int | None, call: CallInfo, hints: LlmdHints) -> int:
+        """The body's ``priority``, else the ``X-Priority`` header, else the priority of
+        the request's llm-d objective (``server.objectives``), else 0. All are held to
+        the same range (the API's and the config's bounds)."""
+        for priority in (body_priority, call.priority_header, hints.priority):
+            if priority is not None:
+                return priority
+        return 0
 
     # ------------------------------------------------------------------ generation
 
@@ -457,8 +471,13 @@ class OpenAIServing:
         sampling: SamplingParams,
         body: CompletionRequest | ChatCompletionRequest,
     ) -> None:
-        tenant = _tenant(body.user, job.call)
+        hints = job.hints
+        tenant = _tenant(body.user, job.call, hints)
+        # The request's own class, then its llm-d objective's, then its tenant's; the
+        # engine applies ``default_slo_class`` to one that still names none.
         slo_class = _slo_class(body.slo_class, job.call)
+        if slo_class is None:
+            slo_class = hints.slo_class
         if slo_class is None and tenant is not None:
             slo_class = self._tenant_classes.get(tenant)
         request = Submission(
@@ -470,6 +489,8 @@ class OpenAIServing:
             slo_class=slo_class,
             tenant=tenant,
             constraint=job.constraint,
+            ttft_target_s=hints.ttft_target_s,
+            tpot_target_s=hints.tpot_target_s,
         )
         choice = ChoiceState(index, request, self._tokenizer, body.stop_strings)
         job.streams.append(await self._engine.submit(request))

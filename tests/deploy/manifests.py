@@ -20,6 +20,11 @@ VARIANTS = {
     "gpu-trtllm": REPO / "configs" / "serve" / "llama3-70b-fp8-h100-trtllm.yaml",
     "cpu": REPO / "configs" / "serve" / "smollm2-cpu.yaml",
 }
+# The llm-d variant (model servers, pool, llm-d's picker, objectives): a folder of its
+# own shape, checked by test_llmd.py, and the serve config its ConfigMap extends.
+LLMD = "llm-d"
+LLMD_SERVE = REPO / "configs" / "serve" / "smollm2-cpu-slo.yaml"
+FOLDERS = (*VARIANTS, LLMD)
 
 Obj = dict[str, Any]
 
@@ -55,7 +60,7 @@ def variant(name: str) -> tuple[Manifest, ...]:
 
 
 def all_manifests() -> list[Manifest]:
-    return [m for name in VARIANTS for m in variant(name)]
+    return [m for name in FOLDERS for m in variant(name)]
 
 
 def one(name: str, kind: str, where: Any = None) -> Obj:

@@ -1,6 +1,6 @@
 """Every shipped manifest against the schemas of its API: Kubernetes' own (through
 kubernetes-validate's bundled copies, strict, so an unknown field fails) and, for the
-InferencePool, the published CRD vendored in data/."""
+InferencePool and llm-d's InferenceObjective, the published CRDs vendored in data/."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 from tests.deploy.manifests import DATA, KUBERNETES_VERSION, VARIANTS, Manifest, all_manifests
 from tests.deploy.manifests import variant as load_variant
 
-CRD_KINDS = {"InferencePool"}
+CRD_KINDS = {"InferencePool", "InferenceObjective"}
 
 
 def core_manifests() -> list[Manifest]:
@@ -85,11 +85,18 @@ def closed(schema: Any) -> Any:
     return schema
 
 
-def inferencepool_schema(version: str = "v1") -> Any:
-    crd = yaml.safe_load((DATA / "inference.networking.k8s.io_inferencepools.yaml").read_text())
-    assert crd["spec"]["group"] == "inference.networking.k8s.io"
+def crd_schema(file: str, group: str, version: str) -> Any:
+    """The closed schema of ``version`` in the CRD vendored as ``data/<file>``."""
+    crd = yaml.safe_load((DATA / file).read_text())
+    assert crd["spec"]["group"] == group
     (v,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     return closed(v["schema"]["openAPIV3Schema"])
+
+
+def inferencepool_schema(version: str = "v1") -> Any:
+    return crd_schema(
+        "inference.networking.k8s.io_inferencepools.yaml", "inference.networking.k8s.io", version
+    )
 
 
 def check_inferencepool(obj: dict[str, Any]) -> None:
@@ -104,9 +111,40 @@ def check_inferencepool(obj: dict[str, Any]) -> None:
     assert len(set(numbers)) == len(numbers), "port number must be unique"
 
 
+def check_inferenceobjective(obj: dict[str, Any]) -> None:
+    """Raise ``jsonschema.ValidationError`` or ``AssertionError`` for an invalid
+    InferenceObjective of llm-d's router (``llm-d.ai/v1alpha2``)."""
+    assert obj["apiVersion"] == "llm-d.ai/v1alpha2"
+    assert obj["kind"] == "InferenceObjective"
+    schema = crd_schema("llm-d.ai_inferenceobjectives.yaml", "llm-d.ai", "v1alpha2")
+    jsonschema.Draft7Validator(schema).validate(obj)
+    # format: int32, which jsonschema does not enforce.
+    priority = obj["spec"].get("priority", 0)
+    assert -(2**31) <= priority < 2**31, "priority must be an int32"
+
+
+CRD_CHECKS = {"InferencePool": check_inferencepool, "InferenceObjective": check_inferenceobjective}
+
+
 @pytest.mark.parametrize("manifest", [m for m in all_manifests() if m.kind in CRD_KINDS], ids=str)
-def test_inferencepool_is_valid_against_the_published_crd(manifest: Manifest) -> None:
-    check_inferencepool(manifest.obj)
+def test_custom_resources_are_valid_against_the_published_crds(manifest: Manifest) -> None:
+    CRD_CHECKS[manifest.kind](manifest.obj)
+
+
+def test_the_objective_check_rejects_a_misspelt_field_and_a_wrong_type() -> None:
+    (m, *_) = [m for m in load_variant("llm-d") if m.kind == "InferenceObjective"]
+    misspelt = copy.deepcopy(m.obj)
+    misspelt["spec"]["priorty"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        check_inferenceobjective(misspelt)
+    no_pool = copy.deepcopy(m.obj)
+    del no_pool["spec"]["poolRef"]
+    with pytest.raises(jsonschema.ValidationError):
+        check_inferenceobjective(no_pool)
+    text_priority = copy.deepcopy(m.obj)
+    text_priority["spec"]["priority"] = "high"
+    with pytest.raises(jsonschema.ValidationError):
+        check_inferenceobjective(text_priority)
 
 
 def pool(name: str = "gpu-trtllm") -> dict[str, Any]:

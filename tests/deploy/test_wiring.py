@@ -289,4 +289,6 @@ def test_the_metric_list_holds_both_name_sets() -> None:
     names = metric_names()
     ours = {n for n in names if n.startswith("orchestrator_")}
     vllm = {n for n in names if n.startswith("vllm:")}
-    assert len(ours) == len(vllm) == 3 and ours | vllm == names
+    # Each of our three gauges under its vLLM name too, and vLLM's cache info gauge.
+    assert len(ours) == 3 and len(vllm) == 4 and ours | vllm == names
+    assert "vllm:cache_config_info" in vllm

@@ -1,9 +1,11 @@
 """SLO bookkeeping beside the scheduler: classes, deadlines, shedding, TTFT prediction
-errors, refusals, and the SLO-derived token budget.
+errors, refusals, the outcomes of admission's TTFT forecasts (the error it is judged
+by, and refusals that proved needless), and the SLO-derived token budget.
 
-``SloTracker`` owns this state; the scheduler calls it through named hooks (on submit,
-on refusal, on queueing, on a first token, at the start of a step) and never reaches
-into it. Every hook is cheap when no SLO class is configured: a request without a class
+``SloTracker`` owns this state, but for ``TtftOutcomes``, which the admission policy
+owns (it reads the requests' own first-token and finish times, so it needs no hook);
+the scheduler calls the tracker through named hooks (on submit, on refusal, on queueing,
+on a first token, at the start of a step) and never reaches into it. Every hook is cheap when no SLO class is configured: a request without a class
 has no deadline to shed and no prediction to check.
 """
 
@@ -13,7 +15,8 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from orchestrator.core.config import SchedulerConfig, SLOClassConfig
@@ -30,6 +33,16 @@ MIN_OUTPUT_LENGTHS = 8
 # The share of a class's observed output lengths its cap covers: high, so the forecast
 # errs on the long (safe) side for a class whose lengths vary.
 OUTPUT_LENGTH_QUANTILE = 0.9
+# TTFT outcomes kept per SLO class (actual / predicted ratios), and the weight, in
+# outcomes, of the bare prediction (a ratio of 1) beside them: a class's first few
+# outcomes move its correction only part of the way.
+OUTCOME_WINDOW = 128
+PRIOR_OUTCOMES = 8
+# The lowest correction the outcomes may apply: a forecast that ran high in a calm
+# spell admits at most twice its prediction's worth of work when a burst begins.
+MIN_CORRECTION = 0.5
+# Refusals whose outcome is still open; past this many the oldest is forgotten uncounted.
+MAX_OPEN_REFUSALS = 1024
 
 
 # Finished statuses whose output length is the request's own (not cut short by us).
@@ -44,17 +57,19 @@ class ArrivalRate(NamedTuple):
 
 
 def assign_class(request: Request, name: str | None, classes: Mapping[str, SLOClassConfig]) -> None:
-    """Give ``request`` SLO class ``name`` (a key of ``classes``, or ``None``): its TTFT
-    deadline (arrival plus the class's target; the arrival without a class) and its TPOT
-    target (s). Only for a request that is not queued yet: the deadline is part of its
-    sort key."""
+    """Give ``request`` SLO class ``name`` (a key of ``classes``, or ``None``) and its
+    targets (s): each of its own (``own_ttft_s``, ``own_tpot_s``) where it has one, else
+    the class's (none without a class); its TTFT deadline is its arrival plus its TTFT
+    target (its arrival without one). Only for a request that is not queued yet: the
+    deadline is part of its sort key."""
     request.slo_class = name
-    if name is None:
-        request.ttft_deadline, request.tpot_target_s = request.arrival_time, None
-        return
-    target = classes[name]
-    request.ttft_deadline = request.arrival_time + target.ttft_s
-    request.tpot_target_s = target.tpot_s
+    target = classes[name] if name is not None else None
+    ttft, tpot = request.own_ttft_s, request.own_tpot_s
+    if target is not None:
+        ttft = target.ttft_s if ttft is None else ttft
+        tpot = target.tpot_s if tpot is None else tpot
+    request.ttft_target_s, request.tpot_target_s = ttft, tpot
+    request.ttft_deadline = request.arrival_time + (ttft or 0.0)
 
 
 class OutputLengths:
@@ -116,6 +131,150 @@ class OutputLengths:
         return min(max_tokens, cap)
 
 
+def _left_at(request: Request) -> float | None:
+    """When ``request`` stopped waiting for its first token (s): that token's time, or
+    when it left without one (shed, aborted, failed); ``None`` while it still waits."""
+    if request.first_token_time is not None:
+        return request.first_token_time
+    return request.finish_time if request.is_finished else None
+
+
+@dataclass(slots=True)
+class _Refusal:
+    """A refused request whose outcome is still open: when its first token would have
+    come is known once every request in ``ahead`` has stopped waiting for theirs."""
+
+    slo_class: str | None
+    deadline: float
+    own_s: float
+    drained: float  # the latest time one of those ahead stopped waiting, so far
+    ahead: list[Request]
+
+
+class TtftOutcomes:
+    """What became of admission's TTFT forecasts, per SLO class: the error that sizes
+    SLO admission's margin, and the refusals that turned out needless.
+
+    Ratios: for an admitted request with a prediction, ``actual / predicted`` TTFT once
+    its first token comes (one that left without a token after its deadline counts
+    with the time it left: a lower bound of a miss). ``correction(slo_class)`` is the
+    ``quantile`` ``q`` of the class's last ``window`` ratios (``n`` of them) weighed
+    against the bare prediction's 1 worth ``prior`` outcomes, ``(prior + n q) / (prior +
+    n)``, and at least ``MIN_CORRECTION``: admission compares ``predicted x correction`` with the
+    target, so a forecast that runs low adds its measured spread, one that runs high
+    gives some back, and a class with no outcomes is judged on the bare prediction
+    (refusing less while unsure; deadline shedding and EDF catch the misses).
+
+    Regret: a refused request with a TTFT target is followed until every request that
+    was ahead of it (running without a first token, or waiting ahead of it in policy
+    order) has its first token or has left; its estimated TTFT is that moment (at the
+    earliest, the refusal plus the step in flight) plus ``own_s``, the predicted
+    prefill of its own prompt. If that is within its deadline the refusal is
+    *regretted*: ``regretted[slo_class]`` counts them, ``resolved[slo_class]`` all
+    refusals followed to their end. Later arrivals that would have overtaken it are not
+    counted, and each refusal is judged alone, so the estimate errs towards regret; for
+    that reason it does not feed the correction (in the simulator it cost goodput under
+    sustained overload, docs/slo.md).
+
+    State is read lazily from the requests' own times (``first_token_time``,
+    ``finish_time``): ``update()`` harvests what has happened since the last call and
+    is cheap to call every submission and every stats snapshot.
+    """
+
+    def __init__(
+        self,
+        quantile: float,
+        window: int = OUTCOME_WINDOW,
+        prior: float = PRIOR_OUTCOMES,
+    ) -> None:
+        self._quantile, self._window, self._prior = quantile, window, prior
+        self._ratios: dict[str | None, deque[float]] = {}
+        self._corrections: dict[str | None, float] = {}  # absent: stale
+        # Admitted requests awaiting their first token, per class in submission order
+        # (within a class, deadline order is mostly submission order).
+        self._admitted: dict[str | None, deque[Request]] = {}
+        self._refusals: deque[_Refusal] = deque()
+        self.regretted: dict[str | None, int] = {}
+        self.resolved: dict[str | None, int] = {}
+
+    def admitted(self, request: Request) -> None:
+        """``request`` was admitted with a prediction (``predicted_ttft_s``)."""
+        self._admitted.setdefault(request.slo_class, deque()).append(request)
+
+    def refused(
+        self, request: Request, ahead: Iterable[Request], own_s: float, earliest: float
+    ) -> None:
+        """``request`` was refused; ``ahead``: the requests that would have had their
+        first token before it; ``own_s``: its own predicted prefill (s); ``earliest``:
+        when a step could first start for it (s, the engine's clock). Without a TTFT
+        target it cannot be regretted, and is not followed."""
+        target = request.ttft_target_s
+        if target is None:
+            return
+        if len(self._refusals) >= MAX_OPEN_REFUSALS:
+            self._refusals.popleft()
+        waiting = [r for r in ahead if _left_at(r) is None]
+        self._refusals.append(
+            _Refusal(
+                request.slo_class,
+                request.arrival_time + target,
+                own_s,
+                earliest,
+                waiting,
+            )
+        )
+
+    def correction(self, slo_class: str | None) -> float:
+        """The factor admission applies to a prediction for ``slo_class`` (see above)."""
+        cached = self._corrections.get(slo_class)
+        if cached is not None:
+            return cached
+        ratios = self._ratios.get(slo_class, ())
+        factor = 1.0
+        if ratios:
+            n, ordered = len(ratios), sorted(ratios)
+            q = ordered[min(n - 1, int(self._quantile * n))]
+            factor = max(MIN_CORRECTION, (self._prior + n * q) / (self._prior + n))
+        self._corrections[slo_class] = factor
+        return factor
+
+    def update(self) -> None:
+        """Harvest first tokens and departures since the last call."""
+        for slo_class, pending in self._admitted.items():
+            while pending:
+                request = pending[0]
+                left = _left_at(request)
+                if left is None:
+                    break
+                pending.popleft()
+                predicted = request.predicted_ttft_s
+                if predicted and (
+                    request.first_token_time is not None or left > request.ttft_deadline
+                ):
+                    ratios = self._ratios.get(slo_class)
+                    if ratios is None:
+                        ratios = self._ratios[slo_class] = deque(maxlen=self._window)
+                    ratios.append((left - request.arrival_time) / predicted)
+                    self._corrections.pop(slo_class, None)
+        if self._refusals:
+            self._refusals = deque(r for r in self._refusals if not self._settle(r))
+
+    def _settle(self, refusal: _Refusal) -> bool:
+        """Whether ``refusal``'s outcome is known now (counted if so)."""
+        ahead = refusal.ahead
+        while ahead:
+            left = _left_at(ahead[-1])
+            if left is None:
+                return False
+            refusal.drained = max(refusal.drained, left)
+            ahead.pop()
+        name = refusal.slo_class
+        self.resolved[name] = self.resolved.get(name, 0) + 1
+        if refusal.drained + refusal.own_s <= refusal.deadline:
+            self.regretted[name] = self.regretted.get(name, 0) + 1
+        return True
+
+
 class SloTracker:
     """The scheduler's SLO state.
 
@@ -161,7 +320,7 @@ class SloTracker:
     def on_queued(self, request: Request) -> None:
         """A request was accepted into the waiting queue."""
         self._recent.append((request.arrival_time, request.num_prompt_tokens, request.priority))
-        if self._shed_slack is not None and request.slo_class is not None:
+        if self._shed_slack is not None and request.ttft_target_s is not None:
             due = request.ttft_deadline + self._shed_slack
             heapq.heappush(self._deadlines, (due, next(self._seq), request))
 
@@ -211,9 +370,14 @@ class SloTracker:
         self.num_shed += 1
         late_ms = (now - request.ttft_deadline) * 1e3
         target_ms = (request.ttft_deadline - request.arrival_time) * 1e3
+        source = (
+            "its own target"
+            if request.own_ttft_s is not None
+            else f"SLO class {request.slo_class!r}"
+        )
         return (
-            f"ended before its first token: its TTFT deadline ({target_ms:,.0f} ms, SLO "
-            f"class {request.slo_class!r}) passed {late_ms:,.0f} ms ago"
+            f"ended before its first token: its TTFT deadline ({target_ms:,.0f} ms, "
+            f"{source}) passed {late_ms:,.0f} ms ago"
         )
 
     def admitted_rate(self, better_than: int | None = None) -> ArrivalRate:
