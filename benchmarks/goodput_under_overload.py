@@ -10,14 +10,22 @@ this run: the highest rate at which ``fcfs`` keeps 90% of requests within their 
 - ``fcfs``: arrival order, queue limits only (today's default);
 - ``priority``: lower priority first with aging, queue limits only;
 - ``slo``: earliest TTFT deadline first (``policy: slo``), SLO admission (refuse with a
-  computed Retry-After when the predicted TTFT exceeds 0.8 x the class target), the
-  SLO-derived token budget, and shedding of waiting requests 1 s past their deadline.
+  computed Retry-After when the predicted TTFT, corrected by its measured error, exceeds
+  the class target; ``admission.error_quantile`` at its default), the SLO-derived token
+  budget, and shedding of waiting requests 1 s past their deadline.
 
 Goodput is requests meeting their class's SLO per second of offered traffic (offered
 rate x attainment), so a run's drain after the last arrival does not count. Per cell it
 prints goodput, attainment and the share refused or shed.
 
-Run: .venv/bin/python benchmarks/goodput_under_overload.py [--requests 800] [--plot PATH]
+Then a sweep of ``slo`` against ``fcfs`` (the baseline) at 0.5, 1, 1.5, 2 and 4 x the
+saturation rate, each as a short burst (``--burst`` requests, 64) and sustained
+(``--requests``): per cell the slo/fcfs goodput ratio, and for each policy the requests
+that met their SLO beside those refused (429) and shed, plus slo's regretted refusals
+(``EngineStats.regretted_refusals``: refused, yet the queue drained in time for them).
+
+Run: .venv/bin/python benchmarks/goodput_under_overload.py [--requests 800] [--burst 64]
+[--sweep-only] [--plot PATH]
 The last line is the headline:
 ``slo/fcfs goodput: 0.8x load <A>x, 1.5x load <B>x, 2x load <C>x; slo at 2x keeps <D>% of
 its peak goodput``.
@@ -38,6 +46,7 @@ from orchestrator.sim.runner import SimResult, at_rate, max_sustainable_rate, ru
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/sim/llama3-70b-fp8-h100-tp2.yaml"
 LOADS = (0.5, 0.8, 1.0, 1.25, 1.5, 2.0)
+SWEEP_LOADS = (0.5, 1.0, 1.5, 2.0, 4.0)
 CLASSES = {
     "premium": {"ttft_ms": 500, "tpot_ms": 80},
     "standard": {"ttft_ms": 500, "tpot_ms": 80},
@@ -51,7 +60,7 @@ POLICIES: dict[str, dict[str, object]] = {
     "priority": {"policy": "priority"},
     "slo": {
         "policy": "slo",
-        "admission": {"type": "slo", "ttft_margin": 0.8, "shed_after_deadline_s": 1.0},
+        "admission": {"type": "slo", "shed_after_deadline_s": 1.0},
         "slo_budget": {"enabled": True},
     },
 }
@@ -81,9 +90,52 @@ def refused_share(result: SimResult) -> float:
     return s.num_errors / s.num_requests if s.num_requests else math.nan
 
 
+def outcome(result: SimResult) -> tuple[int, int, int, int]:
+    """Requests that met their SLO, were refused (429), were shed, and refusals regretted."""
+    classes = result.report.by_class.values()
+    met = sum(c.num_met for c in classes)
+    shed = sum(c.rejections.get("ttft_deadline_passed", 0) for c in classes)
+    refused = sum(c.num_rejected for c in classes) - shed
+    regretted = sum(
+        n for replica in result.run.replicas for _, n in replica.core.stats().regretted_refusals
+    )
+    return met, refused, shed, regretted
+
+
+def sweep(base: SimConfig, saturation: float, burst: int, sustained: int) -> None:
+    """Print slo against fcfs over ``SWEEP_LOADS``, as a burst and as sustained load."""
+    print(
+        f"\nsweep: slo vs fcfs (baseline); met / refused / shed of the requests sent; "
+        f"burst = {burst} requests, sustained = {sustained}"
+    )
+    print(
+        f"{'shape':>9} {'load':>5} {'slo/fcfs':>8}  {'slo met/ref/shed':>17} "
+        f"{'regret':>6}  {'fcfs met/ref/shed':>17}"
+    )
+    for shape, n in (("burst", burst), ("sustained", sustained)):
+        workload = base.workload.model_copy(update={"num_requests": n})
+        config = base.model_copy(update={"workload": workload})
+        for load in SWEEP_LOADS:
+            slo = run_simulation(at_rate(with_policy(config, "slo"), saturation * load))
+            fcfs = run_simulation(at_rate(with_policy(config, "fcfs"), saturation * load))
+            g_slo, g_fcfs = goodput(slo), goodput(fcfs)
+            ratio = f"{g_slo / g_fcfs:.2f}x" if g_fcfs > 0 else "inf"
+            s_met, s_ref, s_shed, s_regret = outcome(slo)
+            f_met, f_ref, f_shed, _ = outcome(fcfs)
+            print(
+                f"{shape:>9} {load:>4}x {ratio:>8}  {f'{s_met}/{s_ref}/{s_shed}':>17} "
+                f"{s_regret:>6}  {f'{f_met}/{f_ref}/{f_shed}':>17}"
+            )
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=800, help="requests per run")
+    parser.add_argument("--burst", type=int, default=64, help="requests in a short burst")
+    parser.add_argument(
+        "--sweep-only", action="store_true", help="only the slo-vs-fcfs sweep, no headline"
+    )
     parser.add_argument("--plot", type=Path, default=REPO / "docs/goodput_under_overload.png")
     args = parser.parse_args(argv)
 
@@ -94,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     saturation = search.rate
     print(f"saturation rate (fcfs, 90% within SLO): {saturation:.2f} req/s")
+    sweep(base, saturation, args.burst, args.requests)
+    if args.sweep_only:
+        return 0
     print(f"{'load':>5} {'policy':>9} {'goodput':>9} {'attain':>7} {'refused':>8} {'ttft err':>9}")
     table: dict[str, dict[float, float]] = {name: {} for name in POLICIES}
     for load in LOADS:

@@ -15,11 +15,25 @@
 #    long and retries once; the share of retries admitted is printed.
 # 4. Reads the engine's median TTFT prediction error over the slo run from /metrics.
 #
+# Before that, a sweep (SWEEP=1, the default; SWEEP_ONLY=1 runs nothing else): the
+# shipped default config (CONFIG_DEFAULT) against CONFIG_SLO at SWEEP_LOADS (0.5 1 2 4)
+# x the default config's capacity (closed loop as in 1, or SWEEP_CAPACITY req/s), as a
+# short burst (BURST_REQUESTS, 64) and sustained (SUSTAINED_REQUESTS, 256) Poisson
+# arrivals; REPEATS (3) runs per cell, each config on a fresh server, the two on the same
+# requests (seed SEED + repeat), which goes first alternating; per cell the medians of
+# goodput (their ratio), requests within the SLO, 429s and 503s, and the slo server's
+# regretted refusals (orchestrator_admission_regretted_refusals_total). Its last line:
+#   served sweep slo/default goodput, burst: 0.5x <A>x, ...; sustained: 0.5x <B>x, ...
+# A smoke run: SWEEP_ONLY=1 SWEEP_LOADS=4 BURST_REQUESTS=8 SUSTAINED_REQUESTS=16 REPEATS=1
+# SWEEP_CAPACITY=4 (no capacity run).
+#
 # The SLO judged is the interactive class's (SLO_TTFT_MS / SLO_TPOT_MS). Last line:
 #   served slo/fcfs goodput at 1.5x capacity: <X>x; retry-after honoured: <Y>%
 #
 # Settings (environment): CONFIG_SLO, PORT, CAPACITY_REQUESTS, CONCURRENCY, DURATION_S,
-# LOAD, INPUT_LEN, OUTPUT_LEN, SEED, SLO_TTFT_MS, SLO_TPOT_MS, OUT, READY_TIMEOUT_S, ORCHESTRATOR, PYTHON.
+# LOAD, INPUT_LEN, OUTPUT_LEN, SEED, SLO_TTFT_MS, SLO_TPOT_MS, OUT, READY_TIMEOUT_S, ORCHESTRATOR, PYTHON,
+# and for the sweep SWEEP, SWEEP_ONLY, CONFIG_DEFAULT, SWEEP_LOADS, BURST_REQUESTS,
+# SUSTAINED_REQUESTS, REPEATS, SWEEP_CAPACITY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,6 +52,14 @@ SLO_TTFT_MS=${SLO_TTFT_MS:-3000}
 SLO_TPOT_MS=${SLO_TPOT_MS:-1000}
 OUT=${OUT:-out/serve_goodput_under_overload}
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-300}
+SWEEP=${SWEEP:-1}
+SWEEP_ONLY=${SWEEP_ONLY:-0}
+CONFIG_DEFAULT=${CONFIG_DEFAULT:-configs/serve/smollm2-cpu.yaml}
+SWEEP_LOADS=${SWEEP_LOADS:-0.5 1 2 4}
+BURST_REQUESTS=${BURST_REQUESTS:-64}
+SUSTAINED_REQUESTS=${SUSTAINED_REQUESTS:-256}
+REPEATS=${REPEATS:-3}
+SWEEP_CAPACITY=${SWEEP_CAPACITY:-}
 
 die() {
     echo "serve_goodput_under_overload: $*" >&2
@@ -45,6 +67,7 @@ die() {
 }
 
 [[ -f $CONFIG_SLO ]] || die "$CONFIG_SLO not found"
+[[ -f $CONFIG_DEFAULT ]] || die "$CONFIG_DEFAULT not found"
 "$ORCH" serve --help >/dev/null 2>&1 || die "'$ORCH serve' is not available"
 "$ORCH" bench --help >/dev/null 2>&1 || die "'$ORCH bench' is not available"
 # shellcheck source=benchmarks/lib/serving.sh
@@ -74,6 +97,130 @@ bench() { # LABEL ARGS...
         --seed "$SEED" --slo-ttft-ms "$SLO_TTFT_MS" --slo-tpot-ms "$SLO_TPOT_MS" \
         --no-progress "$@" >"$OUT/$label.txt"
 }
+
+regretted() { # OUT_JSON: the slo server's regretted refusals (all classes), from /metrics
+    "$PY" - "$PORT" "$1" <<'PY'
+import json
+import re
+import sys
+
+import httpx
+
+port, out = int(sys.argv[1]), sys.argv[2]
+metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+found = re.findall(r"^orchestrator_admission_regretted_refusals_total\{[^}]*\} (\S+)$", metrics, re.M)
+with open(out, "w") as f:
+    json.dump({"regretted": sum(float(v) for v in found)}, f)
+PY
+}
+
+sweep_run() { # NAME CONFIG LABEL BENCH_ARGS...: one bench run on a fresh server
+    local name=$1 config=$2 label=$3
+    shift 3
+    start_server "$config" "$OUT/$label.log"
+    bench "$label" "$@"
+    if [[ $name == slo ]]; then
+        regretted "$OUT/$label-metrics.json"
+    fi
+    stop_server
+}
+
+sweep() {
+    mkdir -p "$OUT/sweep"
+    local capacity=$SWEEP_CAPACITY
+    if [[ -z $capacity ]]; then
+        start_server "$CONFIG_DEFAULT" "$OUT/sweep/capacity.log"
+        echo "== sweep capacity (default config): closed loop of $CONCURRENCY clients" >&2
+        bench sweep/capacity --load concurrency --concurrency "$CONCURRENCY" \
+            --num-requests "$CAPACITY_REQUESTS" --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN"
+        capacity=$(summary_field "$OUT/sweep/capacity/summary.json" request_throughput_req_s)
+        stop_server
+    fi
+    local shape n load rate r cell first second turn=0
+    for shape in burst sustained; do
+        n=$BURST_REQUESTS
+        [[ $shape == sustained ]] && n=$SUSTAINED_REQUESTS
+        for load in $SWEEP_LOADS; do
+            rate=$("$PY" -c "print(round($capacity * $load, 3))")
+            for ((r = 0; r < REPEATS; r++)); do
+                cell="sweep/$shape-${load}x-r$r"
+                # Which config goes first alternates, so a drifting machine favours neither.
+                first=default second=slo
+                if ((turn++ % 2)); then first=slo second=default; fi
+                echo "== sweep $shape ${load}x ($rate req/s, $n requests) repeat $r: $first, then $second" >&2
+                # Each repeat draws its own requests (seed SEED + r); both configs get them.
+                SEED=$((SEED + r)) sweep_run "$first" "$(config_of "$first")" "$cell-$first" \
+                    --load poisson --rate "$rate" --num-requests "$n" \
+                    --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN"
+                SEED=$((SEED + r)) sweep_run "$second" "$(config_of "$second")" "$cell-$second" \
+                    --load poisson --rate "$rate" --workload "$OUT/$cell-$first/workload.jsonl"
+            done
+        done
+    done
+    "$PY" - "$OUT/sweep" "$capacity" "$SWEEP_LOADS" "$REPEATS" <<'PY'
+"""Medians over the repeats of each cell: goodput and its slo/default ratio, requests
+within the SLO, 429s and 503s, and the slo server's regretted refusals."""
+import json
+import statistics
+import sys
+
+out, capacity, loads, repeats = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
+
+
+def run(cell: str, name: str) -> dict:
+    with open(f"{out}/{cell}-{name}/summary.json") as f:
+        data = json.load(f)["runs"][0]
+    s = data["summary"]
+    errors = s.get("errors_by_status", {})
+    row = {
+        "goodput": s["goodput_fraction"],
+        "met": round(s["goodput_fraction"] * s["num_requests"]),
+        "429": errors.get("429", 0),
+        "503": errors.get("503", 0),
+        "regretted": 0.0,
+    }
+    if name == "slo":
+        with open(f"{out}/{cell}-slo-metrics.json") as f:
+            row["regretted"] = json.load(f)["regretted"]
+    return row
+
+
+print(f"capacity (default config, closed loop): {capacity:.2f} req/s; medians of {repeats}")
+print(f"{'shape':>9} {'load':>5} {'slo/default':>11}  {'slo met/429/503':>15} {'regret':>6}  {'default met/429/503':>19}")
+headline = {}
+for shape in ("burst", "sustained"):
+    ratios = []
+    for load in loads:
+        cells = [f"{shape}-{load}x-r{r}" for r in range(repeats)]
+        slo = [run(c, "slo") for c in cells]
+        base = [run(c, "default") for c in cells]
+
+        def med(rows: list, key: str) -> float:
+            return statistics.median(row[key] for row in rows)
+
+        # Goodput per cell is the offered rate x the share within the SLO; the rate is
+        # the same for both configs, so the ratio is that of the shares.
+        g_slo, g_base = med(slo, "goodput"), med(base, "goodput")
+        ratio = f"{g_slo / g_base:.2f}x" if g_base else "inf"
+        ratios.append(f"{load}x {ratio}")
+        s_cell = f"{med(slo, 'met'):g}/{med(slo, '429'):g}/{med(slo, '503'):g}"
+        b_cell = f"{med(base, 'met'):g}/{med(base, '429'):g}/{med(base, '503'):g}"
+        print(f"{shape:>9} {load:>4}x {ratio:>11}  {s_cell:>15} {med(slo, 'regretted'):>6g}  {b_cell:>19}")
+    headline[shape] = ", ".join(ratios)
+print(f"served sweep slo/default goodput, burst: {headline['burst']}; sustained: {headline['sustained']}")
+PY
+}
+
+config_of() { # NAME: the config file a sweep run serves
+    if [[ $1 == slo ]]; then echo "$CONFIG_SLO_RUN"; else echo "$CONFIG_DEFAULT"; fi
+}
+
+if [[ $SWEEP == 1 || $SWEEP_ONLY == 1 ]]; then
+    sweep
+fi
+if [[ $SWEEP_ONLY == 1 ]]; then
+    exit 0
+fi
 
 start_server "$CONFIG_FCFS" "$OUT/serve-fcfs.log"
 echo "== capacity: closed loop of $CONCURRENCY clients" >&2

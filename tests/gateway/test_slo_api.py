@@ -1,6 +1,6 @@
 """SLO classes at the API: the ``slo_class`` field and ``X-SLO-Class`` header, 400s that
 name the field, SLO admission's 429 with its reason code and computed Retry-After, and
-the prediction-error metrics."""
+the prediction-error and regretted-refusal metrics."""
 
 from __future__ import annotations
 
@@ -79,6 +79,16 @@ def test_prediction_errors_are_exported() -> None:
         assert "orchestrator_ttft_prediction_error " in text
         assert "orchestrator_ttft_prediction_error_by_class{slo_class=" in text
         assert "orchestrator_requests_shed_total 0.0" in text
+
+
+def test_regretted_refusals_are_exported_per_class() -> None:
+    # One waiting prompt token allowed: every prompt is refused (queue_tokens_full) at an
+    # idle server, where its first token would have come within the batch class's 60 s.
+    with client_for(slo_core(0.001, max_waiting_tokens=1)) as client:
+        r = client.post("/v1/completions", json=body())
+        assert r.status_code == 429 and r.json()["error"]["code"] == "queue_tokens_full"
+        line = 'orchestrator_admission_regretted_refusals_total{slo_class="batch"} 1.0'
+        wait_until(lambda: line in client.get("/metrics").text)
 
 
 def test_a_request_shed_past_its_deadline_is_a_503_with_the_reason_code() -> None:

@@ -1,0 +1,173 @@
+"""SLO admission judged by the forecast's measured error (``TtftOutcomes``): the
+correction from recent actual/predicted TTFT ratios, leniency while a class has few,
+and regretted refusals counted from how the queue drained after each refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.core import OverloadedError, SchedulerConfig
+from orchestrator.core.request import Request, RequestStatus
+from orchestrator.core.sched.scheduler import Scheduler
+from orchestrator.core.sched.slo import (
+    MIN_CORRECTION,
+    PRIOR_OUTCOMES,
+    TtftOutcomes,
+    assign_class,
+)
+from tests.factories import constant_step_time, make_request, make_scheduler
+
+# 350 ms: a 96-token prompt (three 32-token chunks of 0.1 s) predicts 0.3 s, inside it.
+CLASSES = {
+    "chat": {"ttft_ms": 350, "tpot_ms": 100},
+    "other": {"ttft_ms": 350, "tpot_ms": 100},
+}
+SLO_CLASSES = SchedulerConfig(slo_classes=CLASSES).slo_classes
+
+
+def scheduler(**admission: object) -> Scheduler:
+    """Every step is predicted (and taken) at 0.1 s; 32-token chunks; SLO admission."""
+    return make_scheduler(
+        predictor=constant_step_time(0.1),
+        max_num_tokens=64,
+        chunk_size=32,
+        max_batch_size=8,
+        slo_classes=CLASSES,
+        admission={"type": "slo", "min_retry_after_s": 0.0, **admission},
+    )
+
+
+def classed(slo_class: str = "chat", arrival: float = 0.0, **kwargs: object) -> Request:
+    request = make_request(slo_class=slo_class, arrival_time=arrival, **kwargs)  # type: ignore[arg-type]
+    assign_class(request, slo_class, SLO_CLASSES)
+    return request
+
+
+def teach(outcomes: TtftOutcomes, slo_class: str, ratios: list[float]) -> None:
+    """Admitted requests of ``slo_class`` predicted at 1 s whose first tokens came at
+    ``ratio`` s."""
+    for ratio in ratios:
+        request = classed(slo_class)
+        request.predicted_ttft_s = 1.0
+        outcomes.admitted(request)
+        request.first_token_time = ratio
+    outcomes.update()
+
+
+def admits(sched: Scheduler, prompt_len: int, slo_class: str = "chat") -> bool:
+    try:
+        sched.add_request(make_request(prompt_len, slo_class=slo_class), now=0.0)
+    except OverloadedError:
+        return False
+    return True
+
+
+def test_without_outcomes_the_bare_prediction_is_judged_against_the_target() -> None:
+    sched = scheduler()
+    assert sched.admission.outcomes.correction("chat") == 1.0
+    # 0.3 s predicted against 350 ms: within the target, no fixed margin taken off.
+    assert admits(sched, 96)
+    assert not admits(scheduler(), 128)
+
+
+def shrunk(quantile: float, n: int) -> float:
+    """The correction of ``n`` outcomes whose chosen quantile is ``quantile``."""
+    return (PRIOR_OUTCOMES + n * quantile) / (PRIOR_OUTCOMES + n)
+
+
+def test_few_outcomes_move_the_correction_part_of_the_way() -> None:
+    sched = scheduler()
+    teach(sched.admission.outcomes, "chat", [1.5] * 2)
+    assert sched.admission.outcomes.correction("chat") == pytest.approx(shrunk(1.5, 2))
+    assert admits(sched, 96)  # 0.3 s x 1.1 inside 0.35 s: a refusal needs more evidence
+
+
+def test_a_tight_window_admits_up_to_the_target() -> None:
+    sched = scheduler()
+    teach(sched.admission.outcomes, "chat", [1.0] * 64)
+    assert sched.admission.outcomes.correction("chat") == 1.0
+    assert admits(sched, 96)
+
+
+def test_a_wide_window_adds_its_spread() -> None:
+    sched = scheduler()
+    outcomes = sched.admission.outcomes
+    teach(outcomes, "chat", [0.8, 0.9, 1.0, 1.25] * 30)
+    correction = shrunk(1.25, 120)  # the 0.75 quantile
+    assert outcomes.correction("chat") == pytest.approx(correction)
+    with pytest.raises(OverloadedError) as refused:
+        sched.add_request(make_request(96, slo_class="chat"), now=0.0)
+    assert f"x{correction:.2f}" in str(refused.value)
+    # Corrected, 0.3 s is over 0.35 s: back when the excess has drained.
+    assert refused.value.retry_after_s == pytest.approx(0.3 - 0.35 / correction)
+    assert admits(sched, 64)  # 0.2 s corrected: 0.25 s
+    # Each class has its own window.
+    assert outcomes.correction("other") == 1.0 and admits(scheduler(), 96, "other")
+
+
+def test_a_forecast_that_runs_high_admits_beyond_it_within_a_floor() -> None:
+    sched = scheduler()
+    teach(sched.admission.outcomes, "chat", [0.7] * 120)
+    assert admits(sched, 128)  # 0.4 s predicted, about 0.29 s expected
+    low = scheduler()
+    teach(low.admission.outcomes, "chat", [0.1] * 120)
+    assert low.admission.outcomes.correction("chat") == MIN_CORRECTION
+    assert not admits(low, 32 * 8)  # 0.8 s x 0.5 over 0.35 s
+
+
+def test_the_operator_margin_still_applies_on_top() -> None:
+    assert not admits(scheduler(ttft_margin=0.8), 96)  # 0.3 s over 0.8 x 0.35 s
+
+
+def test_a_refusal_whose_queue_drained_in_time_is_regretted() -> None:
+    outcomes = TtftOutcomes(0.75)
+    ahead = [classed(), classed()]
+    outcomes.refused(classed(arrival=0.0), ahead, own_s=0.05, earliest=0.01)  # due 0.35 s
+    ahead[0].first_token_time = 0.1
+    outcomes.update()
+    assert outcomes.resolved == {}  # the second is still waiting
+    ahead[1].first_token_time = 0.2
+    outcomes.update()
+    # Its first token would have come at 0.2 + 0.05 s, inside 0.35 s.
+    assert outcomes.regretted == {"chat": 1} and outcomes.resolved == {"chat": 1}
+    # An estimate that judges each refusal alone does not move the correction.
+    assert outcomes.correction("chat") == 1.0
+
+
+def test_a_refusal_that_would_have_missed_is_not_regretted() -> None:
+    outcomes = TtftOutcomes(0.75)
+    ahead = classed()
+    outcomes.refused(classed(arrival=0.0), [ahead], own_s=0.05, earliest=0.0)
+    ahead.first_token_time = 0.32  # 0.37 s with its own prefill: past 0.35 s
+    outcomes.update()
+    assert outcomes.regretted == {} and outcomes.resolved == {"chat": 1}
+
+
+def test_requests_that_left_without_a_token_drain_the_queue_when_they_left() -> None:
+    outcomes = TtftOutcomes(0.75)
+    aborted = classed()
+    outcomes.refused(classed(arrival=0.0), [aborted], own_s=0.05, earliest=0.0)
+    aborted.status, aborted.finish_time = RequestStatus.FINISHED_ABORTED, 0.1
+    outcomes.update()
+    assert outcomes.regretted == {"chat": 1}
+    # Nothing ahead: the refusal settles at once, from when a step could start.
+    outcomes.refused(classed(arrival=0.0), [], own_s=0.05, earliest=0.31)
+    outcomes.update()
+    assert outcomes.regretted == {"chat": 1} and outcomes.resolved == {"chat": 2}
+
+
+def test_refusals_by_the_scheduler_are_followed_and_reported() -> None:
+    sched = scheduler()
+    for i, rid in enumerate("abc"):
+        request = make_request(64, slo_class="chat", request_id=rid, arrival_time=i * 1e-3)
+        if rid != "c":
+            sched.add_request(request, now=request.arrival_time)
+    # Behind a and b (two shared steps of 0.1 s), c's two chunks end at 0.4 s: refused.
+    with pytest.raises(OverloadedError):
+        sched.add_request(request, now=request.arrival_time)
+    outcomes = sched.admission.outcomes
+    for rid, at in (("a", 0.1), ("b", 0.35)):
+        sched.requests[rid].first_token_time = at
+    outcomes.update()
+    # b's first token at 0.35 s: c's own 0.1 s of prefill would end past 0.35 s.
+    assert outcomes.resolved == {"chat": 1} and outcomes.regretted == {}
