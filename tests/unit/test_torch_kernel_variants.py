@@ -125,7 +125,12 @@ def test_int8_projections_of_all_zero_groups_are_zero(kernels: Kernels) -> None:
     exact = layer.compact_weight(WeightFormat.INT8).dense()
     q, scales = quantized_activations(x[1:])
     operand = q * scales.repeat_interleave(INT8_GROUP, dim=1)
-    torch.testing.assert_close(got[1:], operand @ exact.T, atol=1e-4, rtol=1e-5)
+    # The kernel rounds x * (32767 / max|x|) in its own float order, so a value on a
+    # rounding edge may land one step from this reference's (it did on random data, about
+    # 1 run in 20): allow two steps of the scale on the largest weight.
+    expected = operand.double() @ exact.double().T
+    tolerance = 2 * scales.max().item() * exact.abs().max().item()
+    torch.testing.assert_close(got[1:].double(), expected, atol=tolerance, rtol=1e-5)
 
 
 def test_compact_projections_leave_long_batches_to_the_dense_matmul(kernels: Kernels) -> None:
