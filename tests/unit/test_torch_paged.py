@@ -308,37 +308,37 @@ def test_a_sampling_chunk_sends_its_last_block_through_the_kernel() -> None:
 def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
     kernels: Kernels, dtype: torch.dtype
 ) -> None:
-    """A 300-token prompt prefilled whole (its last chunk samples) and the same prompt's
+    """A 600-token prompt prefilled whole (its last chunk samples) and the same prompt's
     last block recomputed over its cached prefix, in a batch with other rows, on 1 and 2
     threads: the last block's attention is equal bit for bit, so the prefix cache cannot
-    change the first token (head_dim 64: the vectorised kernel, keys in parts)."""
+    change the first token (head_dim 64: the vectorised kernel; 600 keys: two parts)."""
     args = dataclasses.replace(ARGS, head_dim=64)
     torch.manual_seed(4)
     width = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
-    qkv = torch.randn(300, width).to(dtype)
+    qkv = torch.randn(600, width).to(dtype)
     other = torch.randn(3, width).to(dtype)
-    table, other_table = list(range(19)), [30, 31, 32]
-    rope = RotaryTable(args, 512, dtype)
+    table, other_table = list(range(38)), [40, 41, 42]
+    rope = RotaryTable(args, 1024, dtype)
     previous = torch.get_num_threads()
     try:
         outs = []
         for threads, cached in [(1, False), (2, True), (1, True), (2, False)]:
             torch.set_num_threads(threads)
-            cache = PagedKVCache(args, 40, 16, dtype)
+            cache = PagedKVCache(args, 48, 16, dtype)
             if cached:  # the prefix as an earlier request left it; then the last block
-                fill = build_step([SequenceSlice(0, 288, 0, table)], 16, rope, 40, 16)
-                PagedAttention(cache, fill, args, rope, kernels)(0, qkv[:288])
+                fill = build_step([SequenceSlice(0, 592, 0, table)], 16, rope, 48, 16)
+                PagedAttention(cache, fill, args, rope, kernels)(0, qkv[:592])
                 slices = [
-                    SequenceSlice(0, 12, 288, table, samples=True),
-                    SequenceSlice(12, 3, 40, other_table, samples=True),
+                    SequenceSlice(0, 8, 592, table, samples=True),
+                    SequenceSlice(8, 3, 40, other_table, samples=True),
                 ]
-                rows = torch.cat([qkv[288:], other])
+                rows = torch.cat([qkv[592:], other])
             else:
-                slices = [SequenceSlice(0, 300, 0, table, samples=True)]
+                slices = [SequenceSlice(0, 600, 0, table, samples=True)]
                 rows = qkv
-            step = build_step(slices, 16, rope, 40, 16)
+            step = build_step(slices, 16, rope, 48, 16)
             out = PagedAttention(cache, step, args, rope, kernels)(0, rows)
-            outs.append(out[288:300] if not cached else out[:12])
+            outs.append(out[592:600] if not cached else out[:8])
         for out in outs[1:]:
             assert torch.equal(out, outs[0])
     finally:

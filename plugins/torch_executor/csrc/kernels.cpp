@@ -35,13 +35,14 @@ static void paged_attention(const T* q, const T* k, const T* v, const int64_t* t
                             int threads) {
     const int64_t group = heads / kv_heads;
     const int64_t splits = attention_splits(max_len, bs, part_kernel<T>(bs, hd, group) != nullptr);
-    std::vector<float> parts(attention_parts_size(n, heads, hd, splits));
+    // Every part writes its own slots before the merge reads them: no need to zero.
+    std::unique_ptr<float[]> parts(new float[attention_parts_size(n, heads, hd, splits)]);
     #pragma omp parallel num_threads(threads)
     {
         std::vector<float> scratch(attention_scratch(group, hd, max_len, bs));
         paged_attention_rows(q, k, v, tables, seqs, lens, out, n, heads, kv_heads, hd,
                              num_blocks, bs, max_blocks, max_len, scale, splits,
-                             scratch.data(), parts.data());
+                             scratch.data(), parts.get());
     }
 }
 

@@ -62,7 +62,8 @@ extern "C" void decode_stack_f32(const int64_t* layer_addresses, int64_t num_lay
     std::vector<float> x(n * hidden), qkv(n * qkv_width), q(n * heads * hd), a(n * heads * hd);
     std::vector<float> gate_up(n * 2 * inter), act(n * inter), xs(n * (widest / QGROUP + 1));
     std::vector<int16_t> xq(n * widest);
-    std::vector<float> parts(attention_parts_size(n, heads, hd, splits));
+    // Every part writes its own slots before the merge reads them: no need to zero.
+    std::unique_ptr<float[]> parts(new float[attention_parts_size(n, heads, hd, splits)]);
     #pragma omp parallel num_threads(threads)
     {
         std::vector<float> scratch(attention_scratch(group, hd, max_len, bs));
@@ -75,7 +76,7 @@ extern "C" void decode_stack_f32(const int64_t* layer_addresses, int64_t num_lay
                             q.data(), (float*)nullptr, n, heads, kv_heads, hd, num_blocks, bs);
             paged_attention_rows(q.data(), L.k_cache, L.v_cache, tables, seqs, lens, a.data(), n,
                                  heads, kv_heads, hd, num_blocks, bs, max_blocks, max_len,
-                                 scale, splits, scratch.data(), parts.data());
+                                 scale, splits, scratch.data(), parts.get());
             project(L.o, L.o_scales, a.data(), h, h, n, hidden, heads * hd, xq.data(), xs.data());
             rms_norm_rows(h, L.post_norm, x.data(), n, hidden, eps);
             project(L.gate_up, L.gate_up_scales, x.data(), nullptr, gate_up.data(), n,
