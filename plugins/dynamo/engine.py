@@ -42,9 +42,10 @@ from dynamo.common.utils.runtime import parse_endpoint
 from dynamo.llm import ModelInput
 from dynamo.llm import exceptions as dynamo_exceptions
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orchestrator.common.engine_metrics import engine_metric_families
 from orchestrator.core import EngineConfig, EngineCore, EngineError, FinishReason, RequestOutput
 from plugins.dynamo.driver import CoreDriver, RequestAbortedError
 from plugins.dynamo.kv_events import DynamoKVEventSink
@@ -71,8 +72,8 @@ DRAIN_POLL_S = 0.1
 
 
 class _WorkerMetrics(Collector):
-    """The engine's gauges under the names ``orchestrator serve`` exports them, and the
-    worker's prompt-token counters: the per-worker facts behind KV-aware routing's hit
+    """The engine's gauges and counters under the names ``orchestrator serve`` exports
+    them (``engine_metric_families``), and the worker's prompt-token counters: the per-worker facts behind KV-aware routing's hit
     rate (a client sees its own request's share as
     ``usage.prompt_tokens_details.cached_tokens``)."""
 
@@ -94,34 +95,7 @@ class _WorkerMetrics(Collector):
         )
         if self.driver is None:  # the engine is still loading
             return
-        stats = self.driver.stats()
-        gauges = {
-            "num_requests_running": ("Requests in the running batch.", stats.num_running),
-            "num_requests_waiting": ("Requests waiting for admission.", stats.num_waiting),
-            "kv_blocks_used": ("KV cache blocks held by live requests.", stats.kv_blocks_used),
-            "kv_blocks_total": ("KV cache blocks in the pool.", stats.kv_blocks_total),
-        }
-        for name, (doc, value) in gauges.items():
-            yield GaugeMetricFamily(f"orchestrator_{name}", doc, value=value)
-        yield CounterMetricFamily(
-            "orchestrator_preemptions",
-            "Requests preempted (recompute) since start.",
-            value=stats.num_preemptions,
-        )
-        yield CounterMetricFamily(
-            "orchestrator_requests_shed",
-            "Waiting requests ended past their SLO class's TTFT deadline since start.",
-            value=stats.num_shed,
-        )
-        rejections = CounterMetricFamily(
-            "orchestrator_slo_rejections",
-            "Submissions refused with 429 since start, by SLO class ('' for none) and "
-            "reason code (ttft_unattainable, queue_full, queue_tokens_full).",
-            labels=["slo_class", "code"],
-        )
-        for slo_class, code, count in stats.rejections:
-            rejections.add_metric([slo_class, code], count)
-        yield rejections
+        yield from engine_metric_families(self.driver.stats())
 
 
 class _RuntimeConfig(DynamoRuntimeConfig):
