@@ -201,7 +201,9 @@ class SchedulerConfig(StrictModel):
     ``policy`` an ordering policy (``fcfs``, ``priority``, ``slo``); see
     ``orchestrator/core/sched/``. ``max_num_tokens`` is the token budget of one step
     (decode tokens plus prefill chunks); ``max_batch_size`` caps the requests in one
-    step. ``aging_rate`` is how many priority levels a waiting request gains per second
+    step. A prompt's prefill chunks other than its last are a multiple of
+    ``chunk_unit`` tokens (1: any size; the in-executor mode sets TensorRT-LLM's chunk
+    unit, its KV block size, as its own scheduler aligns chunks). ``aging_rate`` is how many priority levels a waiting request gains per second
     of waiting (``priority`` and ``slo`` policies). ``preempt_for_priority``: whether a
     waiting request that ranks strictly better may evict a running one; ``None`` (the
     default) leaves it to the ordering policy (on for ``priority`` and ``slo``, off for
@@ -221,6 +223,7 @@ class SchedulerConfig(StrictModel):
     max_num_tokens: int = Field(2048, ge=1)
     max_batch_size: int = Field(64, ge=1)
     chunk_size: int = Field(512, ge=1)
+    chunk_unit: int = Field(1, ge=1)
     aging_rate: float = Field(1.0, ge=0)
     preempt_for_priority: bool | None = None
     max_preemptions: int = Field(8, ge=0)
@@ -249,6 +252,12 @@ class SchedulerConfig(StrictModel):
 
     @model_validator(mode="after")
     def _chunk_fits_budget(self) -> SchedulerConfig:
+        if self.chunk_unit > min(self.chunk_size, self.max_num_tokens):
+            raise ValueError(
+                f"chunk_unit ({self.chunk_unit}) exceeds chunk_size ({self.chunk_size}) or "
+                f"max_num_tokens ({self.max_num_tokens}): no prompt longer than a step could "
+                "be prefilled"
+            )
         if self.max_batch_size > self.max_num_tokens:
             raise ValueError(
                 f"max_batch_size ({self.max_batch_size}) exceeds max_num_tokens "

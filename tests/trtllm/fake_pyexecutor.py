@@ -36,6 +36,12 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
   advances by its chunk); sample (a context request on its last chunk and every
   generation request gain one token); requests that reached ``max_new_tokens`` end
   (``GENERATION_COMPLETE``, resources freed, removed from ``active_requests``).
+- context chunks: TensorRT-LLM's own scheduler makes every chunk but a prompt's last a
+  multiple of ``chunk_unit_size`` (``tokens_per_block``; ``_util.py``, stored copy;
+  ``cpp/tensorrt_llm/batch_manager/microBatchScheduler.cpp`` at ``0a949d31``,
+  FIRST_COME_FIRST_SERVED: ``actualChunkSize / chunkUnitSize * chunkUnitSize`` when the
+  chunk does not end the prompt), so its model engine only ever runs such chunks; the
+  fake records any other as ``(request id, position, chunk)`` in ``unaligned_chunks``.
 - the forward pass's token limit: the model engine asserts ``total_num_tokens <=
   self.max_num_tokens`` (``model_engine.py``, ``_prepare_tp_inputs``, stored copies)
   and ``_forward_step`` answers any exception with ``_handle_errors(error_msg)``, which
@@ -269,6 +275,7 @@ class FakePyExecutor:
         self.kv = kv
         self.sampler = sampler
         self.max_input_len = max_input_len
+        self.unaligned_chunks: list[tuple[int, int, int]] = []
         self.on_iteration = on_iteration
         self.on_allocated = on_allocated
         self.active_requests: list[FakeLlmRequest] = []
@@ -316,6 +323,10 @@ class FakePyExecutor:
         sampled = []
         for req in context:  # forward, then sample
             last = req.is_last_context_chunk
+            if not last and req.context_chunk_size % self.kv.tokens_per_block:
+                self.unaligned_chunks.append(
+                    (req.py_request_id, req.context_current_position, req.context_chunk_size)
+                )
             req.context_current_position += req.context_chunk_size
             if last:
                 sampled.append(req)

@@ -115,7 +115,9 @@ def test_same_decisions_as_engine_core_on_the_sim_executor(
     seed: int, config: dict[str, Any], num_blocks: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     jobs = seeded_workload(seed)
-    cfg = SchedulerConfig(**config)
+    # The in-loop core aligns chunks to TensorRT-LLM's KV block (in_loop_engine): the
+    # engine it is compared with runs the same scheduler config.
+    cfg = SchedulerConfig(**config, chunk_unit=BS)
     expected = run_engine_core(jobs, cfg, num_blocks)
     got = run_in_executor(jobs, cfg, num_blocks)
     with capsys.disabled():

@@ -49,6 +49,43 @@ def test_decodes_come_first_and_prefill_gets_the_rest_of_the_budget() -> None:
     assert step.plan.num_tokens == 20
 
 
+def _prefill_chunks(max_num_tokens: int, prompt_len: int, steps: int) -> list[int]:
+    """The chunks a ``prompt_len`` prompt gets beside five decoding requests, one per
+    step for ``steps`` steps or until its prompt is done, with a chunk unit of 16."""
+    engine, clock = make_engine(
+        num_blocks=128,
+        max_num_tokens=max_num_tokens,
+        max_batch_size=8,
+        chunk_size=512,
+        chunk_unit=16,
+    )
+    decoders = [make_request(prompt_len=4, max_tokens=60) for _ in range(5)]
+    for r in decoders:
+        engine.scheduler.add_request(r)
+    run_step(engine, clock)
+    long = make_request(prompt_len=prompt_len, max_tokens=1)
+    engine.scheduler.add_request(long)
+    chunks = []
+    for _ in range(steps):
+        chunks.append(tokens_by_id(run_step(engine, clock)).get(long.request_id, 0))
+        if long.num_output_tokens:
+            break
+    return chunks
+
+
+def test_chunks_other_than_a_prompts_last_are_whole_chunk_units() -> None:
+    """TensorRT-LLM's own chunking (microBatchScheduler.cpp, FIRST_COME_FIRST_SERVED)
+    rounds a chunk that does not end the prompt down to a multiple of its chunk unit;
+    so does ours with ``chunk_unit``. 37 tokens of budget beside five decodes: 32 at
+    admission, 32 while running, then the prompt's last 8 as they are (37 and 35 with
+    no unit)."""
+    assert _prefill_chunks(max_num_tokens=42, prompt_len=72, steps=10) == [32, 32, 8]
+
+
+def test_a_budget_below_one_chunk_unit_prefills_nothing_of_a_longer_prompt() -> None:
+    assert _prefill_chunks(max_num_tokens=20, prompt_len=72, steps=4) == [0, 0, 0, 0]
+
+
 def test_priority_policy_admits_lower_numbers_first_ties_by_arrival() -> None:
     engine, clock = make_engine(policy="priority", aging_rate=0.0, max_batch_size=1)
     reqs = [

@@ -213,8 +213,18 @@ class Scheduler:
             if step.budget == 0:
                 break
             if request.status == RequestStatus.RUNNING:
-                n = min(request.num_uncomputed_tokens, self.config.chunk_size, step.budget)
-                self._schedule_or_preempt(step, request, n, now)
+                n = self._chunk(request.num_uncomputed_tokens, step.budget)
+                if n > 0:
+                    self._schedule_or_preempt(step, request, n, now)
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """The next prefill chunk of a prompt with ``remaining`` uncomputed tokens, in
+        ``budget`` tokens: at most ``chunk_size``, and a multiple of ``chunk_unit`` unless
+        it is the prompt's last (0: no chunk fits this step)."""
+        n = min(remaining, self.config.chunk_size, budget)
+        if n < remaining:
+            n -= n % self.config.chunk_unit
+        return n
 
     def _schedule_or_preempt(self, step: StepState, request: Request, n: int, now: float) -> None:
         """Give ``request`` ``n`` tokens, preempting others (or itself) until its blocks fit."""
@@ -247,7 +257,9 @@ class Scheduler:
                     break
                 n = remaining
             else:
-                n = min(remaining, cfg.chunk_size, step.budget)
+                n = self._chunk(remaining, step.budget)
+                if n == 0:
+                    break
             need = kv.blocks_for(len(prefix) * kv.block_size + n) - len(prefix)
             if not kv.can_admit(need, len(self.running)):
                 break

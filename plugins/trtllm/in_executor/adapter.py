@@ -160,11 +160,18 @@ def in_loop_engine(
     predictor: StepTimePredictor | None = None,
 ) -> EngineCore:
     """The ``EngineCore`` whose scheduler runs inside TensorRT-LLM's loop: ``config``'s
-    scheduler and cache settings (prefix caching off) over ``num_blocks`` KV blocks that
+    scheduler and cache settings (prefix caching off, chunks aligned to the KV block as
+    TensorRT-LLM aligns its own) over ``num_blocks`` KV blocks that
     mirror TensorRT-LLM's manager; ``max_model_len`` in tokens."""
     cache = config.cache.model_copy(update={"enable_prefix_caching": False})
     model = config.model.model_copy(update={"max_model_len": max_model_len})
-    config = config.model_copy(update={"cache": cache, "model": model})
+    # TensorRT-LLM's own chunking makes every chunk but a prompt's last a multiple of its
+    # chunk unit, the KV block size (_torch/pyexecutor/_util.py: chunk_unit_size =
+    # tokens_per_block; microBatchScheduler.cpp, FIRST_COME_FIRST_SERVED, at 0a949d31):
+    # the chunks its model engine runs. Ours keep to the same rule. (A sliding attention
+    # window raises the unit to 256 there; this mode runs no such window.)
+    scheduler = config.scheduler.model_copy(update={"chunk_unit": cache.block_size})
+    config = config.model_copy(update={"cache": cache, "model": model, "scheduler": scheduler})
     info = ExecutorInfo(
         num_kv_blocks=num_blocks,
         block_size=cache.block_size,
