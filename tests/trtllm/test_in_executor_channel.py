@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -129,6 +131,25 @@ def test_start_up_is_refused_when_rank_zero_never_connects(host: ChannelHost) ->
     one_rank = InExecutor(None, host, host.refusals, [], lambda: None)  # type: ignore[arg-type]
     with pytest.raises(TrtllmError, match="built its executor without our scheduler"):
         one_rank.check_started()
+
+
+def test_close_returns_when_the_accept_thread_has_already_left() -> None:
+    """close() right after rank 0 connects can find the accept thread gone: it saw the
+    channel closed before calling accept() again. The wake-up connection must not wait
+    for an answer then (multiprocessing's Client waited forever for the handshake)."""
+    host = ChannelHost()
+    accept_thread = host._threads[0]
+    host._closed.set()  # the accept thread leaves at its next turn
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as nudge:
+        nudge.connect(host.address.path)
+    accept_thread.join(WAIT_FOR_S)
+    assert not accept_thread.is_alive()
+    host._closed.clear()  # as it was when close() was called
+    closer = threading.Thread(target=host.close, daemon=True)
+    closer.start()
+    closer.join(WAIT_FOR_S)
+    assert not closer.is_alive(), "close() waited on a wake-up nobody answers"
+    assert not os.path.exists(host.directory)
 
 
 def test_arriving_facts_and_a_closed_channel_end_rank_zeros_idle_wait(host: ChannelHost) -> None:

@@ -28,6 +28,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -102,7 +103,9 @@ class ChannelHost:
                 conn = self._listener.accept()
             except OSError:  # the listener was closed
                 return
-            except Exception:  # a peer without the key: refused, keep listening
+            except Exception:  # a peer without the key (or close()'s wake-up): refused
+                if self._closed.is_set():
+                    return
                 logger.warning("in-executor channel: refused a connection", exc_info=True)
                 continue
             if self._closed.is_set():
@@ -178,9 +181,14 @@ class ChannelHost:
         if self._closed.is_set():
             return
         self._closed.set()
-        try:  # wakes the accept thread: closing a listening socket does not, on Linux
-            Client(self.address.path, family=FAMILY, authkey=self.address.authkey).close()
-        except Exception:
+        # Wakes the accept thread (closing a listening socket does not, on Linux) with a
+        # bare connection: its handshake fails there, and it sees the channel closed. Not
+        # multiprocessing's Client, whose handshake would wait forever for an accept
+        # thread that already saw the channel closed and left.
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                wake.connect(self.address.path)
+        except OSError:
             logger.debug("in-executor channel: no wake-up connection", exc_info=True)
         with self._lock:
             if self._conn is not None:
