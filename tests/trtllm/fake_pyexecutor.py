@@ -5,7 +5,8 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
 - ``SchedulerOutput``: the namedtuple of ``tensorrt_llm/_torch/pyexecutor/scheduler.py``
   at ``034fffb0`` (1.2 line, five fields) or of ``scheduler/scheduler.py`` at
   ``002f3cc3`` (1.3 line, ``encoder_requests`` first, ``scheduled_mm_encoder_items``
-  last with default ``None``); ``OUTPUT_TYPES`` has both.
+  last with default ``None``); ``OUTPUT_TYPES`` has both, and the 1.3 line's five-field
+  form (``scheduler/scheduler.py`` at ``5f480b7a``).
 - ``LlmRequestState``: the states the schedulers compare, ordered by value as
   ``PyCapacityScheduler`` (scheduler.py at ``034fffb0``) relies on
   (``state.value < no_schedule_until_state.value``...).
@@ -62,6 +63,16 @@ What each part reproduces (sources read on NVIDIA/TensorRT-LLM):
   exposes no commit): every active request with that id, scheduled or not, is
   ``finish_by_reason(CANCELLED)`` and ``_handle_responses`` terminates it (resources
   freed) and drops it from ``active_requests`` (both at ``0004396``).
+- ``FakeGuidedDecoder``: ``GuidedDecoder._build`` of
+  ``tensorrt_llm/_torch/pyexecutor/guided_decoder.py`` at ``40bb912b``, with a literal
+  grammar (``guided_decoding_params``: the exact token sequence the output must be). A
+  request in its last context chunk gets a fresh matcher at the grammar's start
+  (``require_matcher_init``), whatever tokens its context already holds; a generation
+  request's matcher accepts its newest token first (``require_matcher_advance``,
+  ``accept_token(get_last_tokens(0))``; a token it does not accept raises ``ValueError``
+  as the real one does); the sampled token is the one the matcher's bitmask allows. So a
+  request paused after some output comes back as a context request and starts its
+  grammar again.
 - ``FakeDist`` / two ranks: every rank runs the same loop over its own copies of the
   requests; ``broadcast(obj, root=0)`` hands rank 0's object to the others.
 """
@@ -108,6 +119,18 @@ OUTPUT_TYPES = {
             "scheduled_mm_encoder_items",
         ],
         defaults=[None],
+    ),
+    # The 1.3 line's scheduler/ package before the encoder fields
+    # (scheduler/scheduler.py at 5f480b7a): the five fields of 1.2.
+    "1.3@5f480b7a": namedtuple(
+        "SchedulerOutput",
+        [
+            "context_requests",
+            "generation_requests",
+            "paused_requests",
+            "fitting_disagg_gen_init_requests",
+            "num_fitting_requests",
+        ],
     ),
 }
 
@@ -246,6 +269,43 @@ def position_sampler(vocab: int) -> Sampler:
     return lambda req: len(req.tokens) % vocab
 
 
+class FakeGuidedDecoder:
+    """TensorRT-LLM's guided decoder (module docstring) over literal grammars: a
+    request's ``guided_decoding_params`` is the token sequence its output must be."""
+
+    def __init__(self) -> None:
+        self.matchers: dict[int, int] = {}  # request id -> grammar tokens accepted
+
+    def build(self, context: list[FakeLlmRequest], generation: list[FakeLlmRequest]) -> None:
+        for req in context:
+            if _grammar(req) is not None and req.is_last_context_chunk:
+                self.matchers[req.py_request_id] = 0  # require_matcher_init: a fresh matcher
+        for req in generation:
+            grammar = _grammar(req)
+            if grammar is None:
+                continue
+            position = self.matchers[req.py_request_id]
+            if position < len(grammar):  # matcher.is_terminated() otherwise
+                token = req.get_last_tokens(0)
+                if token != grammar[position]:
+                    raise ValueError(
+                        f"Request {req.py_request_id} failed to accept last new token: {token}."
+                    )
+                self.matchers[req.py_request_id] = position + 1
+
+    def allowed(self, req: FakeLlmRequest, token: int) -> int:
+        """The token sampled under the bitmask: the grammar's next while it has one."""
+        grammar = _grammar(req)
+        if grammar is None:
+            return token
+        position = self.matchers[req.py_request_id]
+        return grammar[position] if position < len(grammar) else token
+
+
+def _grammar(req: FakeLlmRequest) -> tuple[int, ...] | None:
+    return getattr(req, "guided_decoding_params", None)
+
+
 class FakePyExecutor:
     """The executor loop of one rank, driving ``scheduler`` (a ``RequestScheduler``).
 
@@ -267,8 +327,10 @@ class FakePyExecutor:
         on_allocated: Callable[[], None] | None = None,
         max_num_tokens: int | None = None,
         enable_batch_waiting: bool = False,
+        guided: FakeGuidedDecoder | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.guided = guided
         self.max_num_tokens = max_num_tokens
         self.enable_batch_waiting = enable_batch_waiting
         self.errors: dict[int, str] = {}  # requests _handle_errors ended, with the message
@@ -320,6 +382,8 @@ class FakePyExecutor:
                 f"max_num_tokens ({self.max_num_tokens})"
             )
             return out
+        if self.guided is not None:
+            self.guided.build(context, generation)
         sampled = []
         for req in context:  # forward, then sample
             last = req.is_last_context_chunk
@@ -346,7 +410,10 @@ class FakePyExecutor:
 
     def _sample(self, sampled: list[FakeLlmRequest]) -> None:
         for req in sampled:
-            req.tokens.append(self.sampler(req))
+            token = self.sampler(req)
+            if self.guided is not None:
+                token = self.guided.allowed(req, token)
+            req.tokens.append(token)
             req.num_generated += 1
             if req.num_generated >= req.max_new_tokens:
                 self._end(req)

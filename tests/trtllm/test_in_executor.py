@@ -11,6 +11,7 @@ import queue
 import re
 import threading
 import types as pytypes
+from collections import namedtuple
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from tests.trtllm.fake_pyexecutor import (
     OUTPUT_TYPES,
     UTIL_MODULE,
     FakeDist,
+    FakeGuidedDecoder,
     FakeKvCacheCreator,
     FakeKvCacheManager,
     FakeLlmRequest,
@@ -164,6 +166,37 @@ def test_chunked_prefill_stays_under_the_token_budget_with_decodes_first() -> No
     assert len(loop.finished[2].tokens) == 202
 
 
+def test_chunks_are_whole_kv_blocks_but_a_prompts_last() -> None:
+    """39 tokens of budget beside a decode: TensorRT-LLM's own scheduler would give the
+    prompt 32 (a multiple of tokens_per_block, microBatchScheduler.cpp), so ours does."""
+    facts = FactsChannel()
+    loop, adapter, _ = make_loop(facts=facts, max_num_tokens=40, chunk_size=64, max_batch_size=8)
+    submit(loop, facts, 1, 8, 30)
+    loop.iterate()  # request 1 prefilled whole
+    submit(loop, facts, 2, 100, 2)
+    run(loop)
+    chunks = [n for d in adapter.history for rid, n in d.context if rid == 2]
+    assert chunks == [32, 32, 36]  # the last, 36 of the 39, ends the prompt
+    assert loop.unaligned_chunks == []
+    assert len(loop.finished[2].tokens) == 102
+
+
+def test_the_fake_loop_records_a_chunk_tensorrt_llms_scheduler_would_not_make() -> None:
+    class TenTokenChunks(FakeSimpleScheduler):
+        def schedule_request(self, active_requests: list[FakeLlmRequest], inflight: Any) -> Any:
+            out = super().schedule_request(active_requests, inflight)
+            for req in out.context_requests:
+                req.context_chunk_size = min(10, req.context_remaining_length)
+            return out
+
+    trt_kv = FakeKvCacheManager(8, BS)
+    loop = FakePyExecutor(TenTokenChunks(OUTPUT_TYPES["1.3"]), trt_kv, position_sampler(1000))
+    loop.submit(FakeLlmRequest(1, list(range(1, 41)), 1))
+    run(loop)
+    # Chunks at 0, 10 and 20 are not whole blocks of 16; the last (30-40) ends the prompt.
+    assert loop.unaligned_chunks == [(1, 0, 10), (1, 10, 10), (1, 20, 10)]
+
+
 def test_priority_overtakes_inside_the_loop() -> None:
     facts = FactsChannel()
     loop, adapter, _ = make_loop(facts=facts, policy="priority", max_batch_size=1)
@@ -193,6 +226,45 @@ def test_kv_pressure_pauses_in_tensorrt_llm_and_the_request_resumes_by_recompute
     assert victim.prompt_len > 30
     assert len(victim.tokens) == 30 + 40 and len(loop.finished[2].tokens) == 70
     assert adapter.scheduler.num_preemptions == len(paused)
+
+
+def _guided_loop(num_blocks: int) -> tuple[FakePyExecutor, tuple[int, ...]]:
+    """Request 1 (30 prompt tokens, 40 out, priority 2) constrained to a literal grammar
+    of 40 tokens and request 2 (priority 0) beside it, run to the end under TensorRT-LLM's
+    guided decoder (the fake) with ``num_blocks`` KV blocks of 16."""
+    facts = FactsChannel()
+    loop, _, _ = make_loop(num_blocks=num_blocks, facts=facts, policy="priority")
+    loop.guided = FakeGuidedDecoder()
+    grammar = tuple(range(500, 540))
+    with facts.submitting() as staged:
+        constrained = FakeLlmRequest(1, list(range(1, 31)), 40)
+        constrained.guided_decoding_params = grammar  # type: ignore[attr-defined]
+        loop.submit(constrained)
+        staged[1] = RequestFacts(priority=2)
+    submit(loop, facts, 2, 30, 40, priority=0)
+    run(loop)
+    return loop, grammar
+
+
+def test_a_constrained_request_follows_its_grammar_while_never_paused() -> None:
+    loop, grammar = _guided_loop(num_blocks=64)
+    assert loop.finished[1].prompt_len == 30
+    assert loop.finished[1].tokens[30:] == list(grammar)
+
+
+def test_a_constrained_request_paused_in_the_loop_restarts_its_grammar() -> None:
+    """Why ``scheduling: in_executor`` refuses ``guided_decoding_backend``
+    (``llm_api.settings.with_scheduling``; ``test_in_executor_mode.py`` checks the
+    refusal): after a pause the request is a context request again, and TensorRT-LLM's
+    guided decoder gives it a fresh matcher at its last context chunk."""
+    loop, grammar = _guided_loop(num_blocks=6)
+    victim = loop.finished[1]
+    k = victim.prompt_len - 30  # output tokens the pause moved into the prompt
+    assert 0 < k < 40, "request 1 was paused part-way through its output"
+    output = victim.tokens[30:]
+    assert output[:k] == list(grammar[:k])
+    assert output[k:] == list(grammar[: 40 - k]), "the grammar started again"
+    assert output != list(grammar)
 
 
 def test_aging_bounds_a_low_priority_wait_inside_the_loop() -> None:
@@ -406,14 +478,40 @@ def test_other_releases_are_refused_naming_the_checked_range(version: str) -> No
     assert version in str(err.value) and "executor.scheduling" in str(err.value)
 
 
-def test_an_interface_other_than_the_one_read_is_refused() -> None:
-    inst.check_interface(
-        "1.2", OUTPUT_TYPES["1.2"], pytypes.SimpleNamespace(schedule_request=print)
-    )
-    with pytest.raises(TrtllmError, match="SchedulerOutput has fields"):
-        inst.check_interface(
-            "1.2", OUTPUT_TYPES["1.3"], pytypes.SimpleNamespace(schedule_request=print)
-        )
+# A shape no release is known to have: one more field than 1.3's seven, with a default.
+DEFAULTED_EXTRA = namedtuple(
+    "SchedulerOutput",
+    [*OUTPUT_TYPES["1.3"]._fields, "a_later_field"],
+    defaults=[None, "default"],
+)
+SCHEDULER = pytypes.SimpleNamespace(schedule_request=print)
+
+
+@pytest.mark.parametrize("shape", ["1.2", "1.3", "1.3@5f480b7a"])
+def test_every_scheduler_output_shape_read_passes_the_gate(shape: str) -> None:
+    inst.check_interface(shape[:3], OUTPUT_TYPES[shape], SCHEDULER)
+
+
+def test_an_output_with_a_further_defaulted_field_passes_and_keeps_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inst.check_interface("1.3", DEFAULTED_EXTRA, SCHEDULER)
+    monkeypatch.setitem(OUTPUT_TYPES, "extra", DEFAULTED_EXTRA)
+    facts = FactsChannel()
+    loop, _, _ = make_loop(facts=facts, line="extra")
+    submit(loop, facts, 1, 20, 3)
+    outs = run(loop)
+    assert all(o.a_later_field == "default" for o in outs)
+    assert len(loop.finished[1].tokens) == 23
+
+
+def test_an_interface_the_adapter_cannot_fill_is_refused() -> None:
+    missing = namedtuple("SchedulerOutput", ["context_requests", "generation_requests"])
+    with pytest.raises(TrtllmError, match=r"lacks \['paused_requests'"):
+        inst.check_interface("1.3", missing, SCHEDULER)
+    required = namedtuple("SchedulerOutput", [*OUTPUT_TYPES["1.2"]._fields, "new_field"])
+    with pytest.raises(TrtllmError, match=r"has \['new_field'\] with no default"):
+        inst.check_interface("1.3", required, SCHEDULER)
     with pytest.raises(TrtllmError, match="schedule_request is missing"):
         inst.check_interface("1.3", OUTPUT_TYPES["1.3"], object())
 
@@ -615,9 +713,16 @@ def test_check_names_in_executor_mode_passes_on_the_names_read() -> None:
 def test_check_names_in_executor_mode_reports_an_unchecked_release_and_a_missing_name() -> None:
     status, text = check(private_modules("1.4.0rc4"))
     assert status == 1 and "1.2.x and 1.3.x" in text
-    modules = private_modules("1.3.0rc27")  # a 1.3 release with the 1.2 tuple: refused
-    status, text = check(modules)
-    assert status == 1 and "SchedulerOutput has fields" in text
+    # A 1.3 build with the five-field tuple (scheduler/scheduler.py at 5f480b7a) passes.
+    assert check(private_modules("1.3.0rc27"))[0] == 0
+    scheduler_module = pytypes.SimpleNamespace(
+        SchedulerOutput=namedtuple("SchedulerOutput", ["context_requests"]),
+        RequestScheduler=FakeSimpleScheduler,
+    )
+    status, text = check(
+        private_modules("1.3.0rc27", **{names.IN_EXECUTOR_SCHEDULER_MODULE: scheduler_module})
+    )
+    assert status == 1 and "lacks ['generation_requests'" in text
     modules = private_modules(
         "1.2.1",
         **{names.IN_EXECUTOR_CREATOR_MODULE: pytypes.SimpleNamespace()},

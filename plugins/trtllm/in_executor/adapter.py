@@ -83,8 +83,9 @@ from plugins.trtllm.in_executor.refusals import RefusalSink
 
 logger = logging.getLogger(__name__)
 
-# The SchedulerOutput fields this adapter fills, by name; a release whose tuple has any
-# other field is refused by the version gate (install.check_interface).
+# The SchedulerOutput fields this adapter fills, by name; any other field of a release's
+# tuple keeps its namedtuple default, and one without a default is refused by the version
+# gate (install.check_interface).
 KNOWN_OUTPUT_FIELDS = frozenset(
     {
         "encoder_requests",
@@ -496,4 +497,4 @@ class CoreRequestScheduler:
             "scheduled_mm_encoder_items": None,
         }
         output_type = self._types.output_type
-        return output_type(**{name: values[name] for name in output_type._fields})
+        return output_type(**{name: values[name] for name in output_type._fields if name in values})

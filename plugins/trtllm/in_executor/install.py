@@ -65,29 +65,23 @@ ESTIMATION_NAME = IN_EXECUTOR_KV_ESTIMATION
 SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"
 (OVERLAP_OPTION,) = IN_EXECUTOR_LLM_OPTIONS  # the LLM option (TorchLlmArgs field)
 
-# The releases whose scheduler interface was read and the SchedulerOutput fields each
-# has: 1.2.x, the flat scheduler.py (tensorrt_llm/_torch/pyexecutor/scheduler.py at
-# 034fffb0); the 1.3 line, the scheduler/ package (scheduler/scheduler.py at 002f3cc3).
+# The releases whose scheduler interface was read. Their SchedulerOutput namedtuples:
+# 1.2.x, the flat scheduler.py (tensorrt_llm/_torch/pyexecutor/scheduler.py at 034fffb0),
+# five fields; the 1.3 line's scheduler/ package has the same five at 5f480b7a
+# (scheduler/scheduler.py) and, at 002f3cc3, ``encoder_requests`` first and
+# ``scheduled_mm_encoder_items`` (default None) last. Any shape is accepted that has the
+# five, fills every other field we know by name (KNOWN_OUTPUT_FIELDS), and leaves any
+# further field at its namedtuple default; a further field with no default is refused.
 CHECKED_RELEASES = "1.2.x and 1.3.x (pre-releases of 1.3.0 included)"
-CHECKED_OUTPUT_FIELDS: dict[str, tuple[str, ...]] = {
-    "1.2": (
-        "context_requests",
-        "generation_requests",
-        "paused_requests",
-        "fitting_disagg_gen_init_requests",
-        "num_fitting_requests",
-    ),
-    "1.3": (
-        "encoder_requests",
-        "context_requests",
-        "generation_requests",
-        "paused_requests",
-        "fitting_disagg_gen_init_requests",
-        "num_fitting_requests",
-        "scheduled_mm_encoder_items",
-    ),
-}
-assert all(set(f) <= KNOWN_OUTPUT_FIELDS for f in CHECKED_OUTPUT_FIELDS.values())
+CHECKED_LINES = ("1.2", "1.3")
+REQUIRED_OUTPUT_FIELDS = (
+    "context_requests",
+    "generation_requests",
+    "paused_requests",
+    "fitting_disagg_gen_init_requests",
+    "num_fitting_requests",
+)
+assert set(REQUIRED_OUTPUT_FIELDS) <= KNOWN_OUTPUT_FIELDS
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
 
@@ -97,7 +91,7 @@ def release_line(version: str) -> str:
     range for any other (``1.4.0rc4``, ``1.1.0``, an unparsable string)."""
     match = _VERSION.match(version.strip())
     line = f"{match.group(1)}.{match.group(2)}" if match else None
-    if line not in CHECKED_OUTPUT_FIELDS:
+    if line not in CHECKED_LINES:
         raise TrtllmError(
             f"scheduling: in_executor was checked against TensorRT-LLM {CHECKED_RELEASES}; "
             f"the installed release is {version}. Remove executor.scheduling (or set it "
@@ -108,14 +102,22 @@ def release_line(version: str) -> str:
 
 
 def check_interface(line: str, output_type: Any, request_scheduler: Any) -> None:
-    """Refuse a release whose scheduler interface is not the one read for ``line``:
-    its ``SchedulerOutput`` fields and ``RequestScheduler.schedule_request``."""
+    """Refuse a release whose scheduler interface is not one the adapter can fill: a
+    ``SchedulerOutput`` without the five fields every checked shape has, or with a
+    field the adapter does not know and the namedtuple gives no default; a
+    ``RequestScheduler`` without ``schedule_request``."""
     fields = tuple(getattr(output_type, "_fields", ()))
-    if fields != CHECKED_OUTPUT_FIELDS[line]:
+    defaults = getattr(output_type, "_field_defaults", {})
+    missing = [f for f in REQUIRED_OUTPUT_FIELDS if f not in fields]
+    unfillable = [f for f in fields if f not in KNOWN_OUTPUT_FIELDS and f not in defaults]
+    if missing or unfillable:
+        problems = [f"lacks {missing}"] if missing else []
+        problems += [f"has {unfillable} with no default"] if unfillable else []
         raise TrtllmError(
             f"scheduling: in_executor: this TensorRT-LLM {line} release's SchedulerOutput "
-            f"has fields {fields}, not the {CHECKED_OUTPUT_FIELDS[line]} it was checked "
-            f"against; remove executor.scheduling to use TensorRT-LLM's own scheduler"
+            f"(fields {fields}) {' and '.join(problems)}: the adapter fills "
+            f"{sorted(KNOWN_OUTPUT_FIELDS)} by name and leaves defaulted fields alone; remove "
+            "executor.scheduling to use TensorRT-LLM's own scheduler"
         )
     if not callable(getattr(request_scheduler, "schedule_request", None)):
         raise TrtllmError(
