@@ -2,11 +2,12 @@
 a multi-tenant shared-prefix workload (driven by ``benchmarks/fleet_routing.sh``, which
 runs this inside a private network namespace).
 
-Two frontends (``--router-mode round-robin`` and ``--router-mode kv``) share the same two
-``orchestrator dynamo-worker`` processes through file discovery; rounds alternate which
-mode goes first. Each (round, mode) draws its own tenants' system prompts, so what one
-run cached never helps the next; arrivals, tenant choices and questions are the same for
-both modes within a round.
+One frontend per mode (``--router-mode round-robin``, and ``--router-mode kv`` at each
+``--router-kv-overlap-score-credit`` of ``--kv-overlap-credits``, modes ``kv@<credit>``)
+shares the same two ``orchestrator dynamo-worker`` processes through file discovery;
+rounds alternate the order of the modes. Each (round, mode) draws its own tenants' system
+prompts, so what one run cached never helps the next; arrivals, tenant choices and
+questions are the same for every mode within a round.
 
 The workers' KV pool (``cache.num_blocks``) holds about two tenants' prefixes and the
 running requests, so the four tenants' prefixes fit the fleet's cache but not one
@@ -45,7 +46,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DYNAMO_BIN = ROOT / ".venv-dynamo" / "bin"
-MODES = ("round-robin", "kv")
+ROUND_ROBIN = "round-robin"
 PLANES = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
 POLL_S = 0.5
 # Words the tenants' system prompts are drawn from: plain English, a token or two each.
@@ -441,7 +442,14 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=32, help="output tokens (EOS ignored)")
     ap.add_argument("--num-blocks", type=int, default=48, help="each worker's KV pool")
     ap.add_argument("--num-threads", type=int, default=1, help="executor threads per worker")
-    ap.add_argument("--frontend-ports", type=int, nargs=2, default=[8191, 8192])
+    ap.add_argument(
+        "--kv-overlap-credits",
+        type=float,
+        nargs="+",
+        default=[1.0, 2.0],
+        help="one kv-router frontend per value of --router-kv-overlap-score-credit",
+    )
+    ap.add_argument("--first-frontend-port", type=int, default=8191)
     ap.add_argument("--system-ports", type=int, nargs=2, default=[9311, 9312])
     ap.add_argument("--start-timeout-s", type=float, default=300.0)
     ap.add_argument("--request-timeout-s", type=float, default=120.0)
@@ -478,7 +486,9 @@ def main() -> int:
     env["PYTHONUNBUFFERED"] = "1"
 
     fleet = Fleet(out)
-    ports = dict(zip(MODES, args.frontend_ports, strict=True))
+    credits = {kv_mode(c): c for c in args.kv_overlap_credits}
+    modes = (ROUND_ROBIN, *credits)
+    ports = {mode: args.first_frontend_port + i for i, mode in enumerate(modes)}
     results: list[RunResult] = []
     try:
         for i, port in enumerate(args.system_ports):
@@ -493,8 +503,17 @@ def main() -> int:
         for mode, port in ports.items():
             argv = [
                 str(DYNAMO_BIN / "python"), "-m", "dynamo.frontend", *PLANES,
-                "--router-mode", mode, "--http-host", "127.0.0.1", "--http-port", str(port),
+                "--http-host", "127.0.0.1", "--http-port", str(port),
             ]  # fmt: skip
+            if mode == ROUND_ROBIN:
+                argv += ["--router-mode", ROUND_ROBIN]
+            else:
+                argv += [
+                    "--router-mode",
+                    "kv",
+                    "--router-kv-overlap-score-credit",
+                    f"{credits[mode]:g}",
+                ]
             fleet.start(f"frontend-{mode}", argv, env)
         wait_until(
             fleet,
@@ -522,7 +541,7 @@ def main() -> int:
             )
 
         for r in range(1, args.rounds + 1):
-            order = MODES if r % 2 else MODES[::-1]
+            order = modes if r % 2 else modes[::-1]
             requests = schedule(r, args.requests, args.rate, args.tenants)
             for m, mode in enumerate(order):
                 fleet.check_alive(f"round {r}")
@@ -560,17 +579,16 @@ def main() -> int:
 
     rows = {
         mode: [figures(x, ttft_target_s, tpot_target_s) for x in results if x.mode == mode]
-        for mode in MODES
+        for mode in modes
     }
     (out / "results.json").write_text(
         json.dumps({"rows": rows, "args": {k: str(v) for k, v in vars(args).items()}}, indent=1)
     )
-    med = {mode: {k: median_of(rows[mode], k) for k in rows[mode][0]} for mode in MODES}
     prompt_lens = [o.prompt_tokens for x in results for o in x.outcomes if o.prompt_tokens] or [0]
-
     print(
-        f"Dynamo 1.6.1 frontend, round-robin vs kv router; 2 workers ({model}, CPU, "
-        f"{args.num_threads} thread each, KV pool {args.num_blocks} blocks x {block_size} tokens)"
+        f"Dynamo 1.6.1 frontend, round-robin vs kv router (one frontend per kv overlap "
+        f"credit: {', '.join(credits)}); 2 workers ({model}, CPU, {args.num_threads} thread "
+        f"each, KV pool {args.num_blocks} blocks x {block_size} tokens)"
     )
     print(
         f"workload: {args.tenants} tenants, system prompt + short question "
@@ -579,55 +597,68 @@ def main() -> int:
     )
     print(
         f"medians over {args.rounds} rounds, modes alternating; figures from a shared 2-core "
-        f"machine (other work ran beside it; both modes saw it alike)"
+        f"machine (other work ran beside it; every mode saw it alike)"
     )
     print(
         f"goodput: requests with TTFT <= {ttft_target_s * 1e3:.0f} ms and TPOT <= "
         f"{tpot_target_s * 1e3:.0f} ms (interactive class of {args.slo_config.name}) per second"
     )
-    cols = [
-        ("prefix hit", "hit_rate", "{:.3f}"),
-        ("client hit", "client_hit_rate", "{:.3f}"),
-        ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"),
-        ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"),
-        ("TPOT p50 ms", "tpot_p50_ms", "{:.1f}"),
-        ("out tok/s", "output_tok_s", "{:.1f}"),
-        ("goodput r/s", "goodput_req_s", "{:.3f}"),
-        ("in SLO", "goodput_frac", "{:.0%}"),
-        ("errors", "errors", "{:.0f}"),
-        ("busier wkr", "worker_share", "{:.0%}"),
-    ]
-    print(f"{'mode':12}" + "".join(f"{c[0]:>13}" for c in cols))
-    for mode in MODES:
-        print(f"{mode:12}" + "".join(f"{c[2].format(med[mode][c[1]]):>13}" for c in cols))
+    report(rows, tuple(credits))
+    return 0
+
+
+def kv_mode(credit: float) -> str:
+    """The name of the kv-router mode with overlap credit ``credit``."""
+    return f"kv@{credit:g}"
+
+
+REPORT_COLUMNS = (
+    ("prefix hit", "hit_rate", "{:.3f}"),
+    ("client hit", "client_hit_rate", "{:.3f}"),
+    ("TTFT p50 ms", "ttft_p50_ms", "{:.0f}"),
+    ("TTFT p99 ms", "ttft_p99_ms", "{:.0f}"),
+    ("TPOT p50 ms", "tpot_p50_ms", "{:.1f}"),
+    ("out tok/s", "output_tok_s", "{:.1f}"),
+    ("goodput r/s", "goodput_req_s", "{:.3f}"),
+    ("in SLO", "goodput_frac", "{:.0%}"),
+    ("errors", "errors", "{:.0f}"),
+    ("busier wkr", "worker_share", "{:.0%}"),
+)
+
+
+def report(rows: dict[str, list[dict[str, float]]], kv_modes: Sequence[str]) -> None:
+    """The table of medians per mode, then each kv mode against round-robin (PASS/MISS
+    against the targets: hit rate >= 1.5x, TTFT p50 lower) and against the simulator's
+    routers replaying the same prompts."""
+    med = {mode: {k: median_of(r, k) for k in r[0]} for mode, r in rows.items()}
+    print(f"{'mode':12}" + "".join(f"{c[0]:>13}" for c in REPORT_COLUMNS))
+    for mode in rows:
+        cells = "".join(f"{fmt.format(med[mode][key]):>13}" for _, key, fmt in REPORT_COLUMNS)
+        print(f"{mode:12}{cells}")
     print("per round (hit rate, TTFT p50 ms):")
-    for mode in MODES:
+    for mode in rows:
         cells = ", ".join(f"{x['hit_rate']:.3f} / {x['ttft_p50_ms']:.0f}" for x in rows[mode])
         print(f"  {mode:12} {cells}")
-    kv, rr = med["kv"], med["round-robin"]
-    hit_ratio = kv["hit_rate"] / rr["hit_rate"] if rr["hit_rate"] > 0 else float("inf")
-    ttft_ratio = kv["ttft_p50_ms"] / rr["ttft_p50_ms"]
-    print(f"kv / round-robin prefix hit rate: {hit_ratio:.2f}x (target >= 1.5x)")
-    print(f"kv / round-robin TTFT p50: {ttft_ratio:.2f}x (target < 1)")
-    print(
-        f"{'PASS' if hit_ratio >= 1.5 else 'MISS'}: kv router prefix hit rate >= 1.5x round-robin's"
-    )
-    print(f"{'PASS' if ttft_ratio < 1 else 'MISS'}: kv router TTFT p50 lower than round-robin's")
-    pa, prr = (
-        median_of(rows["kv"], "pred_prefix_aware"),
-        median_of(rows["round-robin"], "pred_round_robin"),
-    )
-    print(
-        "simulator (orchestrator/sim routers replaying the same prompts; no CPU cost model, "
-        "so hit rates only):"
-    )
-    print(
-        f"  prefix_aware predicted hit {pa:.3f} vs kv measured {kv['hit_rate']:.3f} "
-        f"({kv['hit_rate'] - pa:+.3f}); round_robin predicted {prr:.3f} vs measured "
-        f"{rr['hit_rate']:.3f} ({rr['hit_rate'] - prr:+.3f}); predicted ratio "
-        f"{pa / prr if prr > 0 else float('inf'):.2f}x vs measured {hit_ratio:.2f}x"
-    )
-    return 0
+    rr = med[ROUND_ROBIN]
+    predicted_rr = median_of(rows[ROUND_ROBIN], "pred_round_robin")
+    for mode in kv_modes:
+        kv = med[mode]
+        hit_ratio = kv["hit_rate"] / rr["hit_rate"] if rr["hit_rate"] > 0 else float("inf")
+        ttft_ratio = kv["ttft_p50_ms"] / rr["ttft_p50_ms"]
+        print(f"{mode} / round-robin: prefix hit rate {hit_ratio:.2f}x (target >= 1.5x), "
+              f"TTFT p50 {ttft_ratio:.2f}x (target < 1)")  # fmt: skip
+        print(f"  {'PASS' if hit_ratio >= 1.5 else 'MISS'}: prefix hit rate >= 1.5x round-robin's")
+        print(f"  {'PASS' if ttft_ratio < 1 else 'MISS'}: TTFT p50 lower than round-robin's")
+        predicted = median_of(rows[mode], "pred_prefix_aware")
+        print(
+            f"  simulator (orchestrator/sim routers replaying the same prompts; no CPU cost "
+            f"model, so hit rates only): prefix_aware predicted {predicted:.3f} vs measured "
+            f"{kv['hit_rate']:.3f} ({kv['hit_rate'] - predicted:+.3f}); round_robin predicted "
+            f"{predicted_rr:.3f} vs measured {rr['hit_rate']:.3f} "
+            f"({rr['hit_rate'] - predicted_rr:+.3f}); predicted ratio "
+            f"{predicted / predicted_rr if predicted_rr > 0 else float('inf'):.2f}x vs "
+            f"measured {hit_ratio:.2f}x"
+        )
 
 
 if __name__ == "__main__":
