@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from fastapi import FastAPI
 
-from orchestrator.gateway.async_engine import AsyncEngine
+from orchestrator.common.async_engine import AsyncEngine
 from orchestrator.gateway.auth import APIKeyMiddleware, configured_keys
 from orchestrator.gateway.config import ServeConfig
 from orchestrator.gateway.errors import install_error_handlers

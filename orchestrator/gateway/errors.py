@@ -25,13 +25,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from orchestrator.core import AdmissionError, EngineDeadError, OverloadedError
-from orchestrator.gateway.async_engine import (
+from orchestrator.common.async_engine import (
     ConstraintError,
     RequestFailedError,
     RequestShedError,
     SubmissionFailedError,
 )
+from orchestrator.core import AdmissionError, EngineDeadError, OverloadedError
 from orchestrator.gateway.protocol import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)

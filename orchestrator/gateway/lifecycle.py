@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.common.async_engine import AsyncEngine
 from orchestrator.core import EngineCore, EngineDeadError, EngineStats
-from orchestrator.gateway.async_engine import AsyncEngine
 from orchestrator.gateway.errors import APIError
 from orchestrator.gateway.tokenizer import Tokenizer
 

@@ -26,6 +26,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from orchestrator.common.async_engine import AsyncEngine, ConstraintError, RequestStream
 from orchestrator.core import (
     ConstraintSpec,
     EngineError,
@@ -34,7 +35,6 @@ from orchestrator.core import (
     SamplingParams,
     Submission,
 )
-from orchestrator.gateway.async_engine import AsyncEngine, ConstraintError, RequestStream
 from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
 from orchestrator.gateway.config import ObjectiveConfig
 from orchestrator.gateway.constraints import chat_constraint, completion_constraint

@@ -6,7 +6,8 @@ Dynamo's frontend owns HTTP, tokenisation, chat templates, stop strings and
 detokenisation; it sends each worker token ids and reads token ids back. Everything
 between is ours: admission, priorities, SLO classes, tenants' fair share, preemption,
 the prefix cache and structured-output constraints decide every step, as behind our
-own gateway. The core's steps run off the event loop (``driver.CoreDriver``). Imported
+own gateway. The core's steps run off the event loop, in the engine thread of the
+``AsyncEngine`` our gateway serves through (``orchestrator/common/async_engine.py``). Imported
 only by ``orchestrator dynamo-worker``: Dynamo is imported at the top.
 """
 
@@ -45,16 +46,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from orchestrator.common.async_engine import AsyncEngine, RequestAbortedError
 from orchestrator.common.engine_metrics import engine_metric_families
 from orchestrator.core import EngineConfig, EngineCore, EngineError, FinishReason, RequestOutput
-from plugins.dynamo.driver import CoreDriver, RequestAbortedError
 from plugins.dynamo.kv_events import DynamoKVEventSink
 from plugins.dynamo.model_folder import ensure_model_folder
 from plugins.dynamo.protocol import (
     RequestLimits,
     UnsupportedFieldError,
     map_error,
-    map_failed,
     to_chunk,
     to_exception,
     to_submission,
@@ -77,8 +77,8 @@ class _WorkerMetrics(Collector):
     rate (a client sees its own request's share as
     ``usage.prompt_tokens_details.cached_tokens``)."""
 
-    def __init__(self, driver: CoreDriver | None = None) -> None:
-        self.driver = driver
+    def __init__(self, engine: AsyncEngine | None = None) -> None:
+        self.engine = engine
         self.prompt_tokens = 0
         self.cached_prompt_tokens = 0
 
@@ -93,9 +93,9 @@ class _WorkerMetrics(Collector):
             "Prompt tokens of finished requests served from the prefix cache since start.",
             value=self.cached_prompt_tokens,
         )
-        if self.driver is None:  # the engine is still loading
+        if self.engine is None:  # the engine is still loading
             return
-        yield from engine_metric_families(self.driver.stats())
+        yield from engine_metric_families(self.engine.stats())
 
 
 class _RuntimeConfig(DynamoRuntimeConfig):
@@ -134,7 +134,7 @@ class OrchestratorEngine(LLMEngine):
         self.settings = settings
         self.model_dir = model_dir
         self.limits: RequestLimits | None = None  # known once the core is built
-        self.engine: CoreDriver | None = None
+        self.engine: AsyncEngine | None = None
         self._sink = DynamoKVEventSink()
         self._kv_events = False
         self._metrics = _WorkerMetrics()
@@ -189,10 +189,10 @@ class OrchestratorEngine(LLMEngine):
 
         tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
         self._token_text = lambda token_id: tokenizer.decode([token_id])
-        engine = CoreDriver(core)
+        engine = AsyncEngine(core)
         engine.start()
         self.engine = engine
-        self._metrics.driver = engine
+        self._metrics.engine = engine
         self._crash_watch = asyncio.get_running_loop().create_task(self._exit_on_crash())
         stats = engine.stats()
         logger.info(
@@ -282,33 +282,23 @@ class OrchestratorEngine(LLMEngine):
             raise dynamo_exceptions.EngineShutdown("the engine is not running")
         request_id = context.id() or uuid.uuid4().hex
         try:
-            submission = to_submission(request, request_id, engine.core.clock.now(), limits)
-            outputs = await engine.submit(submission)
+            submission = to_submission(request, request_id, engine.clock.now(), limits)
+            stream = await engine.submit(submission)
         except (UnsupportedFieldError, EngineError) as exc:
             raise to_exception(map_error(exc), dynamo_exceptions) from None
-        except asyncio.CancelledError:
-            engine.abort(request_id)  # in case the core took it as we were cancelled
-            raise
-        try:
-            while True:
-                item = await outputs.get()
-                if isinstance(item, RequestAbortedError):
-                    yield {"token_ids": [], "index": 0, "finish_reason": "cancelled"}
-                    return
-                if isinstance(item, EngineError):
-                    raise to_exception(map_error(item), dynamo_exceptions)
-                failure = map_failed(item)
-                if failure is not None:
-                    raise to_exception(failure, dynamo_exceptions)
-                if item.finished:
-                    self._note_finished(request_id, item)
-                yield cast(GenerateChunk, to_chunk(item, self._token_text))
-                if item.finished:
-                    return
-        finally:
-            # Dynamo stopped reading (client gone) or the request failed: free its KV
-            # blocks before the next step. A no-op for a request that finished.
-            engine.abort(request_id)
+        # Leaving the block (Dynamo stopped reading: the client is gone; or the request
+        # failed) aborts a request that has not finished: its KV blocks are free before
+        # the next step.
+        async with stream:
+            try:
+                async for item in stream:
+                    if item.finished:
+                        self._note_finished(request_id, item)
+                    yield cast(GenerateChunk, to_chunk(item, self._token_text))
+            except RequestAbortedError:
+                yield {"token_ids": [], "index": 0, "finish_reason": "cancelled"}
+            except EngineError as exc:  # ended by the engine: shed, failed, a bad constraint
+                raise to_exception(map_error(exc), dynamo_exceptions) from None
 
     def _note_finished(self, request_id: str, output: RequestOutput) -> None:
         prompt_tokens = output.num_prompt_tokens
@@ -330,7 +320,7 @@ class OrchestratorEngine(LLMEngine):
         reading its ``generate``."""
         request_id = context.id()
         if request_id and self.engine is not None:
-            self.engine.abort(request_id)
+            self.engine.abort(request_id, RequestAbortedError(f"request {request_id} was aborted"))
             logger.info(
                 "request %s aborted: its KV blocks are freed before the next step", request_id
             )
@@ -352,7 +342,7 @@ class OrchestratorEngine(LLMEngine):
             return
         polls = int(self.settings.drain_timeout_s / DRAIN_POLL_S)
         for _ in range(polls):
-            if engine.num_live_requests == 0 or engine.dead is not None:
+            if engine.num_live_requests == 0 or not engine.is_running:
                 break
             await asyncio.sleep(DRAIN_POLL_S)
         await engine.shutdown()

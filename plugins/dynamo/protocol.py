@@ -20,22 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.common.async_engine import ConstraintError, RequestShedError
 from orchestrator.core import (
     AdmissionError,
     ConstraintKind,
     ConstraintSpec,
     EngineDeadError,
     EngineError,
-    FinishReason,
     OverloadedError,
     RequestOutput,
     SamplingParams,
     Submission,
 )
-
-# The core's ``error_code`` of a request whose constraint did not compile (the request,
-# not the server, is at fault); any other code is a request the engine shed.
-INVALID_CONSTRAINT = "invalid_constraint"
 
 # ``nvext.annotations`` entries with these prefixes carry what our gateway reads from
 # headers and API keys; Dynamo's frontend forwards annotations to the worker unread.
@@ -313,7 +309,8 @@ def to_chunk(
     ``top_logprobs`` aligned with ``token_ids``, ``token_text`` naming each token),
     and on the last chunk ``finish_reason`` and ``completion_usage`` with the prompt
     tokens served from the prefix cache as ``prompt_tokens_details.cached_tokens``.
-    For outputs ``map_failed`` passes (``stop`` and ``length`` endings)."""
+    For outputs the request's stream yields (``stop`` and ``length`` endings; it raises
+    for the others, ``map_error``)."""
     chunk: dict[str, Any] = {"token_ids": list(output.new_token_ids), "index": 0}
     if output.new_logprobs:
         text = token_text or (lambda token_id: f"token_id:{token_id}")
@@ -379,16 +376,19 @@ class MappedError:
 
 
 def map_error(exc: BaseException) -> MappedError:
-    """The Dynamo error for an error raised while submitting one request.
+    """The Dynamo error for an error raised while submitting one request or while
+    reading its outputs (``AsyncEngine`` raises there what ended the request).
 
     Refusals of the request as asked (a field we cannot honour, a prompt over the
-    context, an unknown SLO class, a constraint the executor cannot enforce) are invalid
-    arguments; admission's refusal (``OverloadedError``) is a rate limit whose message
-    carries the reason and the computed retry-after (Dynamo's frontend sends no
-    ``Retry-After``); a dead engine is an engine shutdown, so the frontend stops routing
-    to this worker; any other failure is internal, its details kept out of the message.
+    context, an unknown SLO class, a constraint the executor cannot enforce or that did
+    not compile) are invalid arguments; admission's refusal (``OverloadedError``) is a
+    rate limit whose message carries the reason and the computed retry-after (Dynamo's
+    frontend sends no ``Retry-After``); a request shed past its TTFT deadline is
+    unavailable, as in our gateway; a dead engine is an engine shutdown, so the frontend
+    stops routing to this worker; any other failure is internal, its details kept out of
+    the message.
     """
-    if isinstance(exc, UnsupportedFieldError):
+    if isinstance(exc, UnsupportedFieldError | ConstraintError):
         return MappedError(DynamoErrorKind.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, AdmissionError):
         message = f"{exc.param}: {exc}" if exc.param else str(exc)
@@ -398,27 +398,13 @@ def map_error(exc: BaseException) -> MappedError:
         return MappedError(
             DynamoErrorKind.RATE_LIMITED, f"{exc} ({exc.code}); retry after {retry_after} s"
         )
+    if isinstance(exc, RequestShedError):
+        return MappedError(DynamoErrorKind.UNAVAILABLE, f"{exc} ({exc.code})")
     if isinstance(exc, EngineDeadError):
         return MappedError(DynamoErrorKind.ENGINE_SHUTDOWN, str(exc))
     if isinstance(exc, EngineError):
         return MappedError(DynamoErrorKind.INTERNAL, str(exc))
     return MappedError(DynamoErrorKind.INTERNAL, "internal error")
-
-
-def map_failed(output: RequestOutput) -> MappedError | None:
-    """The Dynamo error for a request the engine ended itself (``None`` for one that
-    finished with ``stop`` or ``length``): a constraint that did not compile is an
-    invalid argument naming it, a request shed (past its TTFT deadline) is unavailable,
-    as in our gateway, and an executor failure or an abort the client did not ask for is
-    internal."""
-    if not output.finished or output.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-        return None
-    reason = output.error or "no reason given"
-    if output.finish_reason is FinishReason.ERROR and output.error_code == INVALID_CONSTRAINT:
-        return MappedError(DynamoErrorKind.INVALID_ARGUMENT, reason)
-    if output.finish_reason is FinishReason.ERROR and output.error_code is not None:
-        return MappedError(DynamoErrorKind.UNAVAILABLE, f"{reason} ({output.error_code})")
-    return MappedError(DynamoErrorKind.INTERNAL, "the engine could not complete this request")
 
 
 def to_exception(error: MappedError, exceptions: Any) -> Exception:

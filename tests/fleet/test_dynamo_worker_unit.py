@@ -18,6 +18,15 @@ from typing import Any
 
 import pytest
 
+from orchestrator.common.async_engine import (
+    AsyncEngine,
+    ConstraintError,
+    RequestAbortedError,
+    RequestFailedError,
+    RequestShedError,
+    RequestStream,
+    SubmissionFailedError,
+)
 from orchestrator.core import (
     AdmissionError,
     AllBlocksCleared,
@@ -26,6 +35,7 @@ from orchestrator.core import (
     ConfigError,
     ConstraintKind,
     EngineDeadError,
+    EngineError,
     FinishReason,
     ModelConfig,
     OverloadedError,
@@ -34,7 +44,6 @@ from orchestrator.core import (
     Submission,
     TokenLogprobs,
 )
-from plugins.dynamo.driver import CoreDriver, RequestAbortedError, SubmissionFailedError
 from plugins.dynamo.kv_events import DynamoKVEventSink, dynamo_hash
 from plugins.dynamo.model_folder import (
     REQUIRED_FILES,
@@ -51,7 +60,6 @@ from plugins.dynamo.protocol import (
     RequestLimits,
     UnsupportedFieldError,
     map_error,
-    map_failed,
     to_chunk,
     to_exception,
     to_submission,
@@ -352,6 +360,9 @@ class FakeExceptions:
         (OverloadedError("queue full", 2.2, "queue_full"), DynamoErrorKind.RATE_LIMITED, 429),
         (EngineDeadError("dead"), DynamoErrorKind.ENGINE_SHUTDOWN, 503),
         (SubmissionFailedError("could not"), DynamoErrorKind.INTERNAL, 500),
+        (ConstraintError("response_format: bad schema"), DynamoErrorKind.INVALID_ARGUMENT, 400),
+        (RequestShedError("too late", "ttft_deadline_passed"), DynamoErrorKind.UNAVAILABLE, 503),
+        (RequestFailedError("could not complete"), DynamoErrorKind.INTERNAL, 500),
         (RequestAbortedError("aborted"), DynamoErrorKind.INTERNAL, 500),
         (RuntimeError("secret internals"), DynamoErrorKind.INTERNAL, 500),
     ],
@@ -373,6 +384,13 @@ def _check_raised(raised: Exception, kind: DynamoErrorKind, status: int) -> None
         assert isinstance(raised, FakeExceptions.DynamoException)
 
 
+async def _read_one(output: RequestOutput) -> RequestOutput:
+    """``output`` as the worker reads it from its request's ``AsyncEngine`` stream."""
+    stream = RequestStream(output.request_id, abort=lambda request_id: None)
+    stream.put(output)
+    return await anext(stream)
+
+
 @pytest.mark.parametrize(
     ("reason", "code", "kind"),
     [
@@ -386,15 +404,20 @@ def test_a_request_the_engine_ended_maps_like_the_gateways(
     reason: FinishReason, code: str | None, kind: DynamoErrorKind
 ) -> None:
     output = _output(finished=True, finish_reason=reason, error="why", error_code=code)
-    mapped = map_failed(output)
-    assert mapped is not None and mapped.kind is kind
+    with pytest.raises(EngineError) as raised:
+        asyncio.run(_read_one(output))
+    mapped = map_error(raised.value)
+    assert mapped.kind is kind
     _check_raised(to_exception(mapped, FakeExceptions), kind, HTTP_STATUS[kind])
 
 
 def test_requests_that_finished_or_run_on_are_not_failures() -> None:
-    assert map_failed(_output()) is None
-    assert map_failed(_output(finished=True, finish_reason=FinishReason.STOP)) is None
-    assert map_failed(_output(finished=True, finish_reason=FinishReason.LENGTH)) is None
+    for output in (
+        _output(),
+        _output(finished=True, finish_reason=FinishReason.STOP),
+        _output(finished=True, finish_reason=FinishReason.LENGTH),
+    ):
+        assert asyncio.run(_read_one(output)) == output
 
 
 def test_the_overload_message_carries_the_computed_retry_after_and_reason() -> None:
@@ -618,66 +641,76 @@ def test_other_commands_still_refuse_unknown_flags(capsys: pytest.CaptureFixture
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
 
 
-# ---------------------------------------------------------------- the core driver
+# ---------------------------------------------------------------- the engine front
+# The worker serves through the gateway's AsyncEngine (orchestrator/common/async_engine.py,
+# tested with the gateway); these are the behaviours the worker relies on.
 
-DRIVER_TIMEOUT_S = 10.0
+ENGINE_TIMEOUT_S = 10.0
 
 
 def _submission(request_id: str, max_tokens: int = 3, prompt_len: int = 20) -> Submission:
     return Submission(request_id, tuple(range(1, prompt_len + 1)), SamplingParams(max_tokens))
 
 
-async def _drain(queue: Any) -> list[Any]:
-    items = []
-    for _ in range(1000):  # far more than any test request produces
-        item = await asyncio.wait_for(queue.get(), DRIVER_TIMEOUT_S)
-        items.append(item)
-        if not isinstance(item, RequestOutput) or item.finished:
-            return items
+async def _drain(stream: RequestStream) -> list[RequestOutput | EngineError]:
+    """Every output of ``stream``, then the error that ended it, if one did."""
+    items: list[RequestOutput | EngineError] = []
+    try:
+        for _ in range(1000):  # far more than any test request produces
+            item = await asyncio.wait_for(anext(stream), ENGINE_TIMEOUT_S)
+            items.append(item)
+            if item.finished:
+                return items
+    except EngineError as err:
+        return [*items, err]
     raise AssertionError("the request never finished")
 
 
-def test_the_driver_runs_requests_to_completion_and_refuses_what_the_core_refuses() -> None:
+def test_the_engine_runs_requests_to_completion_and_refuses_what_the_core_refuses() -> None:
     async def scenario() -> None:
         core, _ = make_engine(max_waiting_requests=2)
-        driver = CoreDriver(core)
-        driver.start()
-        queues = [await driver.submit(_submission(f"r{i}")) for i in range(2)]
-        for queue in queues:
-            items = await _drain(queue)
-            assert items[-1].finished and items[-1].finish_reason is FinishReason.LENGTH
-            assert sum(len(i.new_token_ids) for i in items) == 3
+        engine = AsyncEngine(core)
+        engine.start()
+        streams = [await engine.submit(_submission(f"r{i}")) for i in range(2)]
+        for stream in streams:
+            items = await _drain(stream)
+            last = items[-1]
+            assert isinstance(last, RequestOutput) and last.finish_reason is FinishReason.LENGTH
+            assert sum(len(i.new_token_ids) for i in items if isinstance(i, RequestOutput)) == 3
         with pytest.raises(AdmissionError):
-            await driver.submit(_submission("too-long", prompt_len=5000))
-        assert driver.num_live_requests == 0
-        await driver.shutdown()
+            await engine.submit(_submission("too-long", prompt_len=5000))
+        assert engine.num_live_requests == 0
+        await engine.shutdown()
         assert core.executor.shut_down  # type: ignore[attr-defined]
         with pytest.raises(EngineDeadError):
-            await driver.submit(_submission("late"))
+            await engine.submit(_submission("late"))
 
     asyncio.run(scenario())
 
 
 def test_an_abort_wakes_the_consumer_and_frees_the_blocks_before_the_next_step() -> None:
+    """Dynamo's ``abort(context)`` while ``generate`` reads the request's stream: the
+    reader gets ``RequestAbortedError`` (it answers with a cancelled chunk)."""
+
     async def scenario() -> None:
         core, _ = make_engine()
-        driver = CoreDriver(core)
-        driver.start()
-        queue = await driver.submit(_submission("long", max_tokens=500))
-        first = await asyncio.wait_for(queue.get(), DRIVER_TIMEOUT_S)
+        engine = AsyncEngine(core)
+        engine.start()
+        stream = await engine.submit(_submission("long", max_tokens=500))
+        first = await asyncio.wait_for(anext(stream), ENGINE_TIMEOUT_S)
         assert isinstance(first, RequestOutput)
         executor = core.executor
         plans_at_abort = len(executor.plans)  # type: ignore[attr-defined]
-        driver.abort("long")
-        items = await _drain(queue)
+        engine.abort("long", RequestAbortedError("request long was aborted"))
+        items = await _drain(stream)
         assert isinstance(items[-1], RequestAbortedError)
-        await _drain(await driver.submit(_submission("next")))
+        await _drain(await engine.submit(_submission("next")))
         # At most the step in flight when it was aborted still ran it.
         later = executor.plans[plans_at_abort + 1 :]  # type: ignore[attr-defined]
         assert later and all(s.request_id != "long" for p in later for s in p.scheduled)
         assert core.scheduler.kv.num_used_blocks == 0
         core.scheduler.kv.integrity_check()
-        await driver.shutdown()
+        await engine.shutdown()
 
     asyncio.run(scenario())
 
@@ -686,15 +719,16 @@ def test_a_failing_step_fails_every_live_request_and_marks_the_engine_dead() -> 
     async def scenario() -> None:
         core, _ = make_engine()
         core.executor.crash_after(1)  # type: ignore[attr-defined]
-        driver = CoreDriver(core)
-        driver.start()
-        queue = await driver.submit(_submission("doomed", max_tokens=50))
-        items = await _drain(queue)
+        engine = AsyncEngine(core)
+        engine.start()
+        stream = await engine.submit(_submission("doomed", max_tokens=50))
+        items = await _drain(stream)
         assert isinstance(items[-1], EngineDeadError)
-        await asyncio.wait_for(driver.crashed.wait(), DRIVER_TIMEOUT_S)
+        await asyncio.wait_for(engine.crashed.wait(), ENGINE_TIMEOUT_S)
+        assert not engine.is_running
         with pytest.raises(EngineDeadError):
-            await driver.submit(_submission("after"))
-        await driver.shutdown()
+            await engine.submit(_submission("after"))
+        await engine.shutdown()
 
     asyncio.run(scenario())
 

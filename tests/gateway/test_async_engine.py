@@ -11,11 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from orchestrator.core.engine import EngineCore, EngineStep
-from orchestrator.core.errors import AdmissionError, EngineDeadError, OverloadedError
-from orchestrator.core.output import RequestOutput, SchedulerOutput, StepResult
-from orchestrator.core.request import FinishReason, Submission
-from orchestrator.gateway.async_engine import (
+from orchestrator.common.async_engine import (
     INVALID_CONSTRAINT,
     AsyncEngine,
     ConstraintError,
@@ -24,6 +20,10 @@ from orchestrator.gateway.async_engine import (
     RequestStream,
     SubmissionFailedError,
 )
+from orchestrator.core.engine import EngineCore, EngineStep
+from orchestrator.core.errors import AdmissionError, EngineDeadError, OverloadedError
+from orchestrator.core.output import RequestOutput, SchedulerOutput, StepResult
+from orchestrator.core.request import FinishReason, Submission
 from tests.factories import make_request
 from tests.fakes import fake_token
 from tests.gateway.support import fake_core

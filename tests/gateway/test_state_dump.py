@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
+from orchestrator.common.async_engine import AsyncEngine
 from orchestrator.core.errors import EngineDeadError
-from orchestrator.gateway.async_engine import AsyncEngine
 from tests.factories import make_engine, make_request, run_step
 from tests.gateway.support import fake_core
 
@@ -32,7 +32,7 @@ async def test_a_crash_logs_the_engine_state_once(caplog: pytest.LogCaptureFixtu
     executor.crash_after(1)
     engine = AsyncEngine(core)
     engine.start()
-    with caplog.at_level(logging.ERROR, logger="orchestrator.gateway.async_engine"):
+    with caplog.at_level(logging.ERROR, logger="orchestrator.common.async_engine"):
         stream = await engine.submit(make_request(8, 5, request_id="victim"))
         with pytest.raises(EngineDeadError):
             async with stream:

@@ -1,4 +1,5 @@
-"""asyncio front of the engine: ``EngineCore.step()`` runs in one background thread, and
+"""asyncio front of the engine, for whatever serves requests from an event loop (our
+gateway, the Dynamo worker): ``EngineCore.step()`` runs in one background thread, and
 each request's outputs reach the event loop as an async stream of its own.
 
 The core is not thread-safe, so the engine thread is the only one that touches it:
@@ -76,6 +77,11 @@ class ConstraintError(EngineError):
 class SubmissionFailedError(EngineError):
     """Applying this request's submission raised an unexpected error; the request was
     not queued and the engine runs on. The cause is logged, not carried."""
+
+
+class RequestAbortedError(EngineError):
+    """Someone other than the stream's consumer aborted the request (``AsyncEngine.abort``
+    with this error): the consumer's iteration ends with it instead of waiting on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,17 +247,20 @@ class AsyncEngine:
             raise
         return stream
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request; its stream gets nothing more. Unknown ids are ignored."""
-        self._streams.pop(request_id, None)
+    def abort(self, request_id: str, error: EngineError | None = None) -> None:
+        """Stop a request before the engine's next step (its KV blocks are then free); its
+        stream gets nothing more, or ``error``, which ends its consumer's iteration (for
+        an abort its consumer did not ask for). Unknown ids are ignored."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and error is not None:
+            stream.put(error)
         self._send(_Abort(request_id))
 
     def abort_all(self, error: EngineError) -> None:
         """Abort every live request, ending each stream with ``error`` (e.g. at the end
         of a drain). The engine keeps running."""
-        for request_id, stream in list(self._streams.items()):
-            stream.put(error)
-            self.abort(request_id)
+        for request_id in list(self._streams):
+            self.abort(request_id, error)
 
     async def shutdown(self) -> None:
         """Stop the engine thread (after the step in flight), fail live requests with
