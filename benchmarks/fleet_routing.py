@@ -28,27 +28,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import re
 import signal
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import yaml
 
+from plugins.dynamo.local_fleet import FleetError, LocalFleet, model_listed, prompt_counters
+
 ROOT = Path(__file__).resolve().parents[1]
-DYNAMO_BIN = ROOT / ".venv-dynamo" / "bin"
 ROUND_ROBIN = "round-robin"
-PLANES = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
-POLL_S = 0.5
 # Words the tenants' system prompts are drawn from: plain English, a token or two each.
 WORDS = (  # noqa: SIM905 (a word list reads better as prose)
     "archive ledger harbour river mountain lantern orchard quarry meadow bridge "
@@ -60,17 +56,6 @@ WORDS = (  # noqa: SIM905 (a word list reads better as prose)
     "deer salmon trout captain pilot keeper warden clerk baker mason smith weaver "
     "potter tailor scholar"
 ).split()
-
-
-@dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    log: IO[bytes]
-
-    def tail(self, chars: int = 2000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
 
 
 @dataclass
@@ -97,85 +82,6 @@ class RunResult:
     prompt_tokens: list[float]  # per worker, from its metrics
     cached_tokens: list[float]
     predicted: dict[str, float] = field(default_factory=dict)
-
-
-class Fleet:
-    """The frontends and workers. They stay in the caller's process group, so the
-    script's own clean-up reaches them even if this process is killed outright."""
-
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.processes: list[Process] = []
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> Process:
-        log_path = self.out / f"{name}.log"
-        log = log_path.open("wb")
-        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        process = Process(name, popen, log_path, log)
-        self.processes.append(process)
-        return process
-
-    def check_alive(self, what: str) -> None:
-        for p in self.processes:
-            if p.popen.poll() is not None:
-                sys.exit(f"{p.name} exited while {what}:\n{p.tail()}")
-
-    def stop(self) -> None:
-        for p in self.processes:
-            if p.popen.poll() is None:
-                p.popen.terminate()
-        deadline = time.monotonic() + 10
-        for p in self.processes:
-            try:
-                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait(timeout=10)
-            p.log.close()
-
-
-def wait_until(fleet: Fleet, condition: Callable[[], bool], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        fleet.check_alive(f"waiting for {what}")
-        if condition():
-            return
-        time.sleep(POLL_S)
-    logs = "\n".join(f"--- {p.name}\n{p.tail(1500)}" for p in fleet.processes)
-    sys.exit(f"timed out after {timeout_s:.0f} s waiting for {what}\n{logs}")
-
-
-def instances(kv_dir: Path) -> int:
-    """Workers registered in file discovery (entries of the ``generate`` endpoint)."""
-    folder = kv_dir / "v1" / "instances"
-    if not folder.is_dir():
-        return 0
-    return sum(1 for entry in folder.iterdir() if "%2Fgenerate%2F" in entry.name)
-
-
-def model_listed(port: int, model: str) -> bool:
-    try:
-        response = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200 and model in response.text
-
-
-def metric(port: int, name: str) -> float:
-    """The sum of a metric's samples on a worker's system port."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
-    return sum(float(value) for value in pattern.findall(text))
-
-
-def counters(ports: Sequence[int]) -> list[tuple[float, float]]:
-    return [
-        (
-            metric(p, "orchestrator_prompt_tokens_total"),
-            metric(p, "orchestrator_prompt_tokens_cached_total"),
-        )
-        for p in ports
-    ]
 
 
 # ---------------------------------------------------------------- workload
@@ -472,53 +378,30 @@ def main() -> int:
     slo = yaml.safe_load(args.slo_config.read_text())["scheduler"]["slo_classes"]["interactive"]
     ttft_target_s, tpot_target_s = slo["ttft_ms"] / 1e3, slo["tpot_ms"] / 1e3
 
-    kv_dir = out / "discovery"
-    env = dict(os.environ)
-    for name in (
-        "DYN_HTTP_HOST",
-        "DYN_TCP_RPC_HOST",
-        "DYN_TCP_RESPONSE_STREAM_HOST",
-        "DYN_EVENT_PLANE_HOST",
-        "DYN_SYSTEM_HOST",
-    ):
-        env[name] = "127.0.0.1"
-    env["DYN_FILE_KV"] = str(kv_dir)
-    env["PYTHONUNBUFFERED"] = "1"
-
-    fleet = Fleet(out)
+    fleet = LocalFleet(out)
     credits = {kv_mode(c): c for c in args.kv_overlap_credits}
     modes = (ROUND_ROBIN, *credits)
     ports = {mode: args.first_frontend_port + i for i, mode in enumerate(modes)}
     results: list[RunResult] = []
     try:
         for i, port in enumerate(args.system_ports):
-            argv = [
-                str(DYNAMO_BIN / "orchestrator"),
-                "dynamo-worker",
-                "--config",
-                str(worker_config),
-                *PLANES,
-            ]
-            fleet.start(f"worker{i}", argv, {**env, "DYN_SYSTEM_PORT": str(port)})
+            fleet.start_worker(f"worker{i}", worker_config, port)
         for mode, port in ports.items():
-            argv = [
-                str(DYNAMO_BIN / "python"), "-m", "dynamo.frontend", *PLANES,
-                "--http-host", "127.0.0.1", "--http-port", str(port),
-            ]  # fmt: skip
-            if mode == ROUND_ROBIN:
-                argv += ["--router-mode", ROUND_ROBIN]
-            else:
-                argv += [
+            router = ["--router-mode", ROUND_ROBIN]
+            if mode != ROUND_ROBIN:
+                router = [
                     "--router-mode",
                     "kv",
                     "--router-kv-overlap-score-credit",
                     f"{credits[mode]:g}",
                 ]
-            fleet.start(f"frontend-{mode}", argv, env)
-        wait_until(
-            fleet,
-            lambda: instances(kv_dir) == 2 and all(model_listed(p, model) for p in ports.values()),
-            "both workers to register with both frontends",
+            fleet.start_frontend(f"frontend-{mode}", port, router)
+        fleet.wait_until(
+            lambda: (
+                fleet.registered_workers() == 2
+                and all(model_listed(p, model) for p in ports.values())
+            ),
+            "both workers to register with every frontend",
             args.start_timeout_s,
         )
         print(
@@ -546,7 +429,7 @@ def main() -> int:
             for m, mode in enumerate(order):
                 fleet.check_alive(f"round {r}")
                 prompts = tenant_prompts(100 * r + m, args.tenants, args.prefix_words)
-                before = counters(args.system_ports)
+                before = prompt_counters(args.system_ports)
                 print(f"== round {r}: {mode}", file=sys.stderr)
                 outcomes, span = asyncio.run(
                     asyncio.wait_for(
@@ -558,7 +441,7 @@ def main() -> int:
                     )
                 )  # fmt: skip
                 time.sleep(1.0)  # the last request's counters
-                after = counters(args.system_ports)
+                after = prompt_counters(args.system_ports)
                 run = RunResult(
                     mode,
                     r,
@@ -574,6 +457,8 @@ def main() -> int:
                         args.num_blocks, args.sim_service_s,
                     )  # fmt: skip
                 results.append(run)
+    except FleetError as err:
+        sys.exit(str(err))
     finally:
         fleet.stop()
 

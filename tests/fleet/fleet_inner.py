@@ -13,28 +13,30 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-import httpx
 import openai
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DYNAMO_BIN = ROOT / ".venv-dynamo" / "bin"
+from plugins.dynamo.local_fleet import (
+    FleetError,
+    LocalFleet,
+    Process,
+    metric,
+    model_listed,
+    prompt_counters,
+)
+
 WORKER_CONFIG = Path(__file__).with_name("worker.yaml")
 MODEL = "SmolLM2-135M-Instruct"
 FRONTEND_PORT = 8190
 SYSTEM_PORTS = (9301, 9302)
 START_TIMEOUT_S = 240.0  # both model loads, cold caches on two cores
 REQUEST_TIMEOUT_S = 120.0
-POLL_S = 0.5
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("ORCHESTRATOR_FLEET_NETNS") != "1",
@@ -43,164 +45,48 @@ pytestmark = pytest.mark.skipif(
 
 
 @dataclass
-class Process:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-    log: IO[bytes]
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-
-@dataclass
 class Fleet:
-    frontend: Process
-    workers: list[Process]
+    processes: LocalFleet
     client: openai.OpenAI
-    kv_dir: Path
 
     @property
-    def processes(self) -> list[Process]:
-        return [self.frontend, *self.workers]
+    def workers(self) -> list[Process]:
+        return self.processes.processes[1:]
 
-
-def _env(kv_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    # Every Dynamo plane on loopback (the namespace has nothing else, but say so).
-    for name in (
-        "DYN_HTTP_HOST",
-        "DYN_TCP_RPC_HOST",
-        "DYN_TCP_RESPONSE_STREAM_HOST",
-        "DYN_EVENT_PLANE_HOST",
-        "DYN_SYSTEM_HOST",
-    ):
-        env[name] = "127.0.0.1"
-    env["DYN_FILE_KV"] = str(kv_dir)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _start(name: str, argv: list[str], env: dict[str, str], logs: Path) -> Process:
-    log_path = logs / f"{name}.log"
-    log = log_path.open("wb")
-    popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    return Process(name, popen, log_path, log)
-
-
-def _wait_until(
-    condition: Callable[[], bool], what: str, processes: list[Process], timeout_s: float
-) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s`` or as
-    soon as one of ``processes`` exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for process in processes:
-            if process.popen.poll() is not None:
-                pytest.fail(f"{process.name} exited while waiting for {what}:\n{process.tail()}")
-        if condition():
-            return
-        time.sleep(POLL_S)
-    logs = "\n".join(f"--- {p.name}\n{p.tail(1500)}" for p in processes)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{logs}")
-
-
-def _stop(processes: list[Process]) -> None:
-    for process in processes:
-        if process.popen.poll() is None:
-            process.popen.terminate()
-    deadline = time.monotonic() + 10
-    for process in processes:
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float) -> None:
         try:
-            process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.popen.kill()
-            process.popen.wait(timeout=10)
-        process.log.close()
-
-
-def _instances(kv_dir: Path) -> int:
-    """Workers registered in file discovery: entries of the ``generate`` endpoint (file
-    names are URL-quoted ``namespace/component/endpoint/instance``; with KV routing a
-    worker also registers endpoints of its own)."""
-    folder = kv_dir / "v1" / "instances"
-    if not folder.is_dir():
-        return 0
-    return sum(1 for entry in folder.iterdir() if "%2Fgenerate%2F" in entry.name)
-
-
-def _model_listed() -> bool:
-    try:
-        response = httpx.get(f"http://127.0.0.1:{FRONTEND_PORT}/v1/models", timeout=5)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200 and MODEL in response.text
-
-
-def metric(port: int, name: str) -> float:
-    """The sum of a metric's samples on a worker's system port."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
-    return sum(float(value) for value in pattern.findall(text))
-
-
-def prompt_counters() -> list[tuple[float, float]]:
-    """``(prompt tokens, cached prompt tokens)`` served per worker since it started."""
-    return [
-        (
-            metric(port, "orchestrator_prompt_tokens_total"),
-            metric(port, "orchestrator_prompt_tokens_cached_total"),
-        )
-        for port in SYSTEM_PORTS
-    ]
+            self.processes.wait_until(condition, what, timeout_s)
+        except FleetError as err:
+            pytest.fail(str(err))
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    tmp = tmp_path_factory.mktemp("fleet")
-    kv_dir = tmp / "discovery"
-    env = _env(kv_dir)
-    planes = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
-    frontend_argv = [
-        str(DYNAMO_BIN / "python"),
-        "-m",
-        "dynamo.frontend",
-        *planes,
-        "--router-mode",
-        "kv",
-        "--http-host",
-        "127.0.0.1",
-        "--http-port",
-        str(FRONTEND_PORT),
-    ]
-    processes: list[Process] = []
+    processes = LocalFleet(tmp_path_factory.mktemp("fleet"))
     try:
-        processes.append(_start("frontend", frontend_argv, env, tmp))
+        processes.start_frontend("frontend", FRONTEND_PORT, ["--router-mode", "kv"])
         for index, port in enumerate(SYSTEM_PORTS):
-            worker_argv = [
-                str(DYNAMO_BIN / "orchestrator"),
-                "dynamo-worker",
-                "--config",
-                str(WORKER_CONFIG),
-                *planes,
-            ]
-            worker_env = {**env, "DYN_SYSTEM_PORT": str(port)}
-            processes.append(_start(f"worker{index}", worker_argv, worker_env, tmp))
-        _wait_until(
-            lambda: _instances(kv_dir) == len(SYSTEM_PORTS) and _model_listed(),
-            "both workers to register with the frontend",
+            processes.start_worker(f"worker{index}", WORKER_CONFIG, port)
+        fleet = Fleet(
             processes,
+            openai.OpenAI(
+                base_url=f"http://127.0.0.1:{FRONTEND_PORT}/v1",
+                api_key="unused",
+                timeout=REQUEST_TIMEOUT_S,
+                max_retries=0,
+            ),
+        )
+        fleet.wait_until(
+            lambda: (
+                processes.registered_workers() == len(SYSTEM_PORTS)
+                and model_listed(FRONTEND_PORT, MODEL)
+            ),
+            "both workers to register with the frontend",
             START_TIMEOUT_S,
         )
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{FRONTEND_PORT}/v1",
-            api_key="unused",
-            timeout=REQUEST_TIMEOUT_S,
-            max_retries=0,
-        )
-        yield Fleet(processes[0], processes[1:], client, kv_dir)
+        yield fleet
     finally:
-        _stop(processes)
+        processes.stop()
 
 
 def test_chat_and_completions(fleet: Fleet) -> None:
@@ -292,7 +178,7 @@ def test_a_shared_prefix_lands_on_the_worker_that_holds_it(fleet: Fleet) -> None
         "ledgers of the salt trade, three centuries of weather diaries, and the letters "
         "of the surveyors who first mapped the pass. Visitors ask short questions. "
     ) * 3
-    before = prompt_counters()
+    before = prompt_counters(SYSTEM_PORTS)
     cached: list[int] = []
     prompt_tokens = 0
     for question in ("Where are the atlases?", "Who mapped the pass?", "Any herbals?", "Salt?"):
@@ -306,7 +192,7 @@ def test_a_shared_prefix_lands_on_the_worker_that_holds_it(fleet: Fleet) -> None
         details = chat.usage.prompt_tokens_details
         cached.append((details.cached_tokens or 0) if details is not None else 0)
         prompt_tokens += chat.usage.prompt_tokens
-    after = prompt_counters()
+    after = prompt_counters(SYSTEM_PORTS)
     served = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
     hits = [a[1] - b[1] for a, b in zip(after, before, strict=True)]
     # One worker served every request, and from the second on its prefix cache held
@@ -329,16 +215,14 @@ def test_a_client_that_goes_away_frees_its_kv_blocks(fleet: Fleet) -> None:
     )
     next(iter(stream))
     stream.close()  # the client disconnects mid-stream
-    _wait_until(
+    fleet.wait_until(
         lambda: any("aborted: its KV blocks are freed" in w.tail(200_000) for w in fleet.workers),
         "the worker to abort the request",
-        fleet.processes,
         REQUEST_TIMEOUT_S,
     )
-    _wait_until(
+    fleet.wait_until(
         lambda: all(metric(p, "orchestrator_kv_blocks_used") == 0 for p in SYSTEM_PORTS),
         "the aborted request's KV blocks to be freed",
-        fleet.processes,
         REQUEST_TIMEOUT_S,
     )
 
