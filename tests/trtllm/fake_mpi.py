@@ -283,7 +283,8 @@ MODULES: dict[str, Any] = {
         LlmRequestState=LlmRequestState
     ),
     "tensorrt_llm._torch.pyexecutor.resource_manager": types.SimpleNamespace(
-        ResourceManagerType=types.SimpleNamespace(KV_CACHE_MANAGER="KV")
+        ResourceManagerType=types.SimpleNamespace(KV_CACHE_MANAGER="KV"),
+        KVCacheManager=FakeKvCacheManager,
     ),
     "tensorrt_llm._torch.pyexecutor.py_executor_creator": CREATOR,
     UTIL_MODULE: types.SimpleNamespace(KvCacheCreator=FakeKvCacheCreator),

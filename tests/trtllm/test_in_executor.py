@@ -548,7 +548,8 @@ def fake_release_modules(version: str) -> dict[str, Any]:
         ),
         inst.LLM_REQUEST_MODULE: pytypes.SimpleNamespace(LlmRequestState=LlmRequestState),
         inst.RESOURCE_MANAGER_MODULE: pytypes.SimpleNamespace(
-            ResourceManagerType=pytypes.SimpleNamespace(KV_CACHE_MANAGER="KV")
+            ResourceManagerType=pytypes.SimpleNamespace(KV_CACHE_MANAGER="KV"),
+            KVCacheManager=FakeKvCacheManager,
         ),
         inst.CREATOR_MODULE: pytypes.SimpleNamespace(
             create_py_executor_instance=create_py_executor_instance
@@ -557,6 +558,22 @@ def fake_release_modules(version: str) -> dict[str, Any]:
         names.IN_EXECUTOR_PROXY_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
         names.IN_EXECUTOR_WORKER_MODULE: pytypes.SimpleNamespace(worker_main=worker_main),
     }
+
+
+def test_an_executor_on_the_v2_kv_cache_manager_is_refused() -> None:
+    release = inst.load_release(fake_release_modules("1.3.0rc27").__getitem__)
+
+    class KVCacheManagerV2:  # resource_manager.py: a BaseResourceManager, not a KVCacheManager
+        def get_kv_cache_stats(self) -> None: ...
+
+    managers: dict[str, Any] = {"KV": KVCacheManagerV2()}
+    executor = pytypes.SimpleNamespace(
+        resource_manager=pytypes.SimpleNamespace(resource_managers=managers)
+    )
+    with pytest.raises(TrtllmError, match=r"V1 KV cache manager.*runs KVCacheManagerV2"):
+        inst.kv_cache_manager(executor, release)
+    managers["KV"] = v1 = FakeKvCacheManager(8, BS)
+    assert inst.kv_cache_manager(executor, release) is v1
 
 
 def test_install_puts_our_scheduler_on_every_executor_built_and_undo_restores(

@@ -137,6 +137,7 @@ class Release:
     scheduler_class: type[CoreRequestScheduler]  # ours, derived from its RequestScheduler
     types: TrtllmTypes
     kv_manager_key: Any  # the resource_managers key of the KV cache manager
+    kv_manager_class: type  # resource_manager.KVCacheManager, the V1 manager
 
 
 def load_release(import_module: Callable[[str], Any] = importlib.import_module) -> Release:
@@ -166,6 +167,7 @@ def load_release(import_module: Callable[[str], Any] = importlib.import_module) 
         derived_scheduler(sched.RequestScheduler),
         types,
         key,
+        resources.KVCacheManager,
     )
 
 
@@ -308,9 +310,21 @@ def check_executor(py_executor: Any) -> None:
 
 def kv_cache_manager(py_executor: Any, release: Release) -> Any:
     """The executor's KV cache manager (``resource_manager.resource_managers``, the
-    lookup ``PyExecutor``'s statistics use)."""
+    lookup ``PyExecutor``'s statistics use). It must be the V1 manager
+    (``resource_manager.KVCacheManager``), the one whose allocation rule the core
+    mirrors (whole prompt at the first chunk, a block per ``tokens_per_block`` generated
+    tokens). The V2 manager (``KVCacheManagerV2``, a separate class, with its own
+    ``KVCacheV2Scheduler``) is pinned off where ``use_kv_cache_manager_v2`` exists; a
+    release that builds it anyway is refused here, before the first iteration."""
     managers = py_executor.resource_manager.resource_managers
     manager = managers.get(release.kv_manager_key)
     if manager is None:
         raise TrtllmError("scheduling: in_executor needs TensorRT-LLM's KV cache manager")
+    if not isinstance(manager, release.kv_manager_class):
+        raise TrtllmError(
+            "scheduling: in_executor mirrors TensorRT-LLM's V1 KV cache manager "
+            f"(resource_manager.KVCacheManager); this executor runs "
+            f"{type(manager).__name__}. Remove executor.scheduling to use TensorRT-LLM's "
+            "own scheduler"
+        )
     return manager
