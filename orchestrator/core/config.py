@@ -376,7 +376,7 @@ class EngineConfig(StrictModel):
     server: dict[str, Any] = Field(default_factory=dict)
 
 
-M = TypeVar("M", bound=BaseModel)
+ConfigModel = TypeVar("ConfigModel", bound=BaseModel)
 
 
 def format_errors(err: ValidationError) -> str:
@@ -391,7 +391,7 @@ def format_errors(err: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def load_yaml(path: str | Path, model: type[M]) -> M:
+def load_yaml(path: str | Path, model: type[ConfigModel]) -> ConfigModel:
     """Read ``path`` and validate it as ``model``; errors name the file and the key."""
     path = Path(path)
     try:

@@ -87,7 +87,7 @@ class EngineStats:
     predictor_state: PredictorState = PredictorState.TRUSTED
 
 
-def _checked_info(config: EngineConfig, info: ExecutorInfo) -> tuple[int, int]:
+def _pool_and_context_limit(config: EngineConfig, info: ExecutorInfo) -> tuple[int, int]:
     """The KV pool size (blocks) and context limit (tokens) an engine runs with, from the
     executor's ``info()`` and the config; raises ``ValueError`` naming what disagrees.
 
@@ -157,7 +157,7 @@ class EngineCore:
         any (it must then implement ``ConstraintBackend``); others are refused."""
         executor = executor if executor is not None else create_executor(config)
         info = executor.info()
-        num_blocks, max_model_len = _checked_info(config, info)
+        num_blocks, max_model_len = _pool_and_context_limit(config, info)
         cache = config.cache
         kv = KVCacheManager(
             num_blocks,

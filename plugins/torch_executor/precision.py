@@ -16,23 +16,12 @@ Features are those the selected kernel variant assumes (``kernel_build.effective
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from plugins.torch_executor.cpu_features import CpuFeatures
 
 Dtype = Literal["float32", "bfloat16"]
 WeightsName = Literal["dense", "int8", "bfloat16"]
-
-
-@dataclass(frozen=True, slots=True)
-class Precision:
-    """The resolved ``dtype`` (activations, KV cache, dense weights) and ``weights`` format
-    of the projections, with why each was chosen."""
-
-    dtype: Dtype
-    weights: WeightsName
-    reason: str
 
 
 def resolve_dtype(requested: str, device: str, features: CpuFeatures) -> tuple[Dtype, str]:
