@@ -96,42 +96,23 @@ PAUSE_MAX_INPUT_LEN = 2048
 CREATOR_MODULE = "tensorrt_llm._torch.pyexecutor.py_executor_creator"
 UTIL_MODULE = "tensorrt_llm._torch.pyexecutor._util"
 
+# The five fields of the 1.2 line's tuple (scheduler.py at 034fffb0), which the 1.3
+# line's scheduler/ package has too at 5f480b7a (scheduler/scheduler.py).
+FIVE_OUTPUT_FIELDS = [
+    "context_requests",
+    "generation_requests",
+    "paused_requests",
+    "fitting_disagg_gen_init_requests",
+    "num_fitting_requests",
+]
 OUTPUT_TYPES = {
-    "1.2": namedtuple(
-        "SchedulerOutput",
-        [
-            "context_requests",
-            "generation_requests",
-            "paused_requests",
-            "fitting_disagg_gen_init_requests",
-            "num_fitting_requests",
-        ],
-    ),
+    "1.2": namedtuple("SchedulerOutput", FIVE_OUTPUT_FIELDS),
     "1.3": namedtuple(
         "SchedulerOutput",
-        [
-            "encoder_requests",
-            "context_requests",
-            "generation_requests",
-            "paused_requests",
-            "fitting_disagg_gen_init_requests",
-            "num_fitting_requests",
-            "scheduled_mm_encoder_items",
-        ],
+        ["encoder_requests", *FIVE_OUTPUT_FIELDS, "scheduled_mm_encoder_items"],
         defaults=[None],
     ),
-    # The 1.3 line's scheduler/ package before the encoder fields
-    # (scheduler/scheduler.py at 5f480b7a): the five fields of 1.2.
-    "1.3@5f480b7a": namedtuple(
-        "SchedulerOutput",
-        [
-            "context_requests",
-            "generation_requests",
-            "paused_requests",
-            "fitting_disagg_gen_init_requests",
-            "num_fitting_requests",
-        ],
-    ),
+    "1.3@5f480b7a": namedtuple("SchedulerOutput", FIVE_OUTPUT_FIELDS),
 }
 
 
