@@ -161,47 +161,50 @@ def _generate_async_check(llmapi: Any, keyword: str) -> NameCheck:
 # Valid values for every listed keyword of each value class, per module. The fakes'
 # tests build the same objects, so the fakes and the real classes meet one table.
 ENGINE_ARGUMENTS: dict[str, Arguments] = {
-    "SchedulerConfig": lambda tle: {
-        "capacity_scheduler_policy": tle.CapacitySchedulerPolicy.MAX_UTILIZATION
+    "SchedulerConfig": lambda executor_bindings: {
+        "capacity_scheduler_policy": executor_bindings.CapacitySchedulerPolicy.MAX_UTILIZATION
     },
-    "KvCacheConfig": lambda tle: {
+    "KvCacheConfig": lambda executor_bindings: {
         "enable_block_reuse": True,
         "max_tokens": 4096,
         "free_gpu_memory_fraction": 0.5,
     },
-    "OrchestratorConfig": lambda tle: {
+    "OrchestratorConfig": lambda executor_bindings: {
         "is_orchestrator": True,
         "worker_executable_path": "/opt/tensorrt_llm/bin/executorWorker",
     },
-    "ParallelConfig": lambda tle: {
-        "communication_type": tle.CommunicationType.MPI,
-        "communication_mode": tle.CommunicationMode.ORCHESTRATOR,
-        "orchestrator_config": tle.OrchestratorConfig(),
+    "ParallelConfig": lambda executor_bindings: {
+        "communication_type": executor_bindings.CommunicationType.MPI,
+        "communication_mode": executor_bindings.CommunicationMode.ORCHESTRATOR,
+        "orchestrator_config": executor_bindings.OrchestratorConfig(),
     },
-    "ExecutorConfig": lambda tle: {
+    "ExecutorConfig": lambda executor_bindings: {
         "max_beam_width": 1,
-        "scheduler_config": tle.SchedulerConfig(),
-        "kv_cache_config": tle.KvCacheConfig(),
+        "scheduler_config": executor_bindings.SchedulerConfig(),
+        "kv_cache_config": executor_bindings.KvCacheConfig(),
         "enable_chunked_context": True,
         "max_batch_size": 8,
         "max_num_tokens": 256,
-        "parallel_config": tle.ParallelConfig(),
-        "extended_runtime_perf_knob_config": tle.ExtendedRuntimePerfKnobConfig(),
+        "parallel_config": executor_bindings.ParallelConfig(),
+        "extended_runtime_perf_knob_config": executor_bindings.ExtendedRuntimePerfKnobConfig(),
     },
-    "SamplingConfig": lambda tle: {
+    "SamplingConfig": lambda executor_bindings: {
         "beam_width": 1,
         "top_k": 40,
         "top_p": 0.9,
         "seed": 7,
         "temperature": 0.7,
     },
-    "OutputConfig": lambda tle: {"return_log_probs": True, "exclude_input_from_output": True},
-    "Request": lambda tle: {
+    "OutputConfig": lambda executor_bindings: {
+        "return_log_probs": True,
+        "exclude_input_from_output": True,
+    },
+    "Request": lambda executor_bindings: {
         "input_token_ids": [1, 2, 3],
         "max_tokens": 4,
         "streaming": True,
-        "sampling_config": tle.SamplingConfig(),
-        "output_config": tle.OutputConfig(),
+        "sampling_config": executor_bindings.SamplingConfig(),
+        "output_config": executor_bindings.OutputConfig(),
         "end_id": 2,
         "pad_id": 0,
         "stop_words": [[3]],
@@ -494,7 +497,7 @@ def coverage_check(recorder: Recorder, bindings: Sequence[Binding] = BINDINGS) -
 # ---------------------------------------------------------------------------- live runs
 
 
-def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
+def live_check(executor_bindings: Any, build_dir: Path, out: TextIO) -> NameCheck:
     """Start the engine-mode executor on a real engine and generate a few greedy tokens."""
 
     def run() -> str | None:
@@ -502,7 +505,7 @@ def live_check(tle: Any, build_dir: Path, out: TextIO) -> NameCheck:
 
         config = TrtllmExecutorConfig(engine_dir=build_dir)
         try:
-            executor = TrtllmExecutor.open(config, load_settings(config), module=tle)
+            executor = TrtllmExecutor.open(config, load_settings(config), module=executor_bindings)
         except Exception as err:
             return f"could not start: {type(err).__name__}: {err}"
         try:
@@ -666,16 +669,16 @@ def _imported(import_module: ImportModule, name: str) -> Any | None:
 # ---------------------------------------------------------------------------- main
 
 
-def engine_checks(tle: Any, engine_dir: Path | None, out: TextIO) -> list[NameCheck]:
-    recorder = Recorder(tle)
+def engine_checks(executor_bindings: Any, engine_dir: Path | None, out: TextIO) -> list[NameCheck]:
+    recorder = Recorder(executor_bindings)
     checks = [
-        *name_checks(tle),
-        *signature_checks(tle, BINDINGS, ENGINE_ARGUMENTS),
+        *name_checks(executor_bindings),
+        *signature_checks(executor_bindings, BINDINGS, ENGINE_ARGUMENTS),
         *construction_checks(recorder),
         coverage_check(recorder),
     ]
     if engine_dir is not None:
-        checks.append(live_check(tle, engine_dir, out))
+        checks.append(live_check(executor_bindings, engine_dir, out))
     return checks
 
 

@@ -58,8 +58,8 @@ def update_from(response: Any) -> Update:
 class EngineBackend:
     """Submissions are the executor's own request ids."""
 
-    def __init__(self, tle: Any, executor: Any, pad_id: int | None) -> None:
-        self._tle = tle
+    def __init__(self, executor_bindings: Any, executor: Any, pad_id: int | None) -> None:
+        self._executor_bindings = executor_bindings
         self._executor = executor
         self._pad_id = pad_id
 
@@ -67,7 +67,12 @@ class EngineBackend:
         # ask.priority: the C++ executor's queue is left first-come-first-served; its
         # request priority is not among the listed (name-checked) keywords.
         request = translate.request(
-            self._tle, ask.tokens, ask.max_tokens, ask.sampling, seed=ask.seed, pad_id=self._pad_id
+            self._executor_bindings,
+            ask.tokens,
+            ask.max_tokens,
+            ask.sampling,
+            seed=ask.seed,
+            pad_id=self._pad_id,
         )
         return int(self._executor.enqueue_request(request))
 
@@ -88,12 +93,12 @@ class TrtllmExecutor(TrtllmExecutorBase[TrtllmExecutorConfig, EngineSettings]):
 
     def __init__(
         self,
-        tle: Any,
+        executor_bindings: Any,
         settings: EngineSettings,
         options: TrtllmExecutorConfig,
         worker_path: Path | None = None,
     ) -> None:
-        self._tle = tle
+        self._executor_bindings = executor_bindings
         self._worker_path = worker_path
         self._executor: Any = None
         super().__init__(settings, options)
@@ -108,22 +113,26 @@ class TrtllmExecutor(TrtllmExecutorBase[TrtllmExecutorConfig, EngineSettings]):
     def open(
         cls, options: TrtllmExecutorConfig, settings: EngineSettings, *, module: Any = None
     ) -> TrtllmExecutor:
-        tle = module if module is not None else import_trtllm(MODULE, "trtllm", "1.2.x")
+        executor_bindings = (
+            module if module is not None else import_trtllm(MODULE, "trtllm", "1.2.x")
+        )
         worker_path = options.executor_worker_path
         if worker_path is None and settings.world_size > 1:
             worker_path = default_worker_path()
-        return cls(tle, settings, options, worker_path)
+        return cls(executor_bindings, settings, options, worker_path)
 
     # ------------------------------------------------------------------ mode hooks
 
     def _start(self) -> Backend:
         settings = self.settings
-        self._executor = self._tle.Executor(
+        self._executor = self._executor_bindings.Executor(
             model_path=settings.engine_path,
-            model_type=self._tle.ModelType.DECODER_ONLY,
-            executor_config=translate.executor_config(self._tle, settings, self._worker_path),
+            model_type=self._executor_bindings.ModelType.DECODER_ONLY,
+            executor_config=translate.executor_config(
+                self._executor_bindings, settings, self._worker_path
+            ),
         )
-        return EngineBackend(self._tle, self._executor, settings.pad_id)
+        return EngineBackend(self._executor_bindings, self._executor, settings.pad_id)
 
     def _first_kv(self, timeout_s: float) -> KvSnapshot | None:
         deadline = time.monotonic() + timeout_s

@@ -7,10 +7,10 @@
 
 Each list is the single source three things are held to:
 
-- the adapter: it reaches TensorRT-LLM only through a module bound to one name (``tle``
-  in engine mode, ``llmapi`` in LLM-API mode), and a test walks its source to check that
-  every ``tle.X`` / ``llmapi.X``, every keyword passed to a listed constructor and every
-  enum member is listed here;
+- the adapter: it reaches TensorRT-LLM only through a module bound to one name
+  (``executor_bindings`` in engine mode, ``llmapi`` in LLM-API mode), and a test walks
+  its source to check that every ``executor_bindings.X`` / ``llmapi.X``, every keyword
+  passed to a listed constructor and every enum member is listed here;
 - the fakes the tests run against (``tests/trtllm/fake_tensorrt_llm``,
   ``tests/trtllm/fake_llmapi``): a test checks that their public surface is exactly this
   list, that each constructor takes the listed keywords by position exactly as far as

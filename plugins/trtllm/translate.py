@@ -1,6 +1,6 @@
 """Our settings and sampling parameters as ``tensorrt_llm.bindings.executor`` objects.
 
-``tle`` is always the bindings module (the real one, or the fake in tests); every name
+``executor_bindings`` is always the bindings module (the real one, or the fake in tests); every name
 used on it is listed in ``plugins.trtllm.names`` (a test holds this module to the list).
 Constructors are called with keywords only.
 """
@@ -21,22 +21,24 @@ from plugins.trtllm.settings import EngineSettings
 NO_END_ID = -1
 
 
-def executor_config(tle: Any, settings: EngineSettings, worker_path: Path | None) -> Any:
+def executor_config(
+    executor_bindings: Any, settings: EngineSettings, worker_path: Path | None
+) -> Any:
     """The ``ExecutorConfig`` of an engine. ``worker_path`` (the ``executorWorker``
     binary) is needed when the engine spans several GPUs: this process then orchestrates
     one MPI worker per GPU."""
-    knobs = tle.ExtendedRuntimePerfKnobConfig()
+    knobs = executor_bindings.ExtendedRuntimePerfKnobConfig()
     # Not constructor arguments in 1.2.x: properties set after construction.
     knobs.cuda_graph_mode = settings.cuda_graph_mode
     knobs.cuda_graph_cache_size = settings.cuda_graph_cache_size
-    return tle.ExecutorConfig(
+    return executor_bindings.ExecutorConfig(
         max_beam_width=1,
-        scheduler_config=tle.SchedulerConfig(
+        scheduler_config=executor_bindings.SchedulerConfig(
             capacity_scheduler_policy=getattr(
-                tle.CapacitySchedulerPolicy, settings.capacity_scheduler_policy
+                executor_bindings.CapacitySchedulerPolicy, settings.capacity_scheduler_policy
             )
         ),
-        kv_cache_config=tle.KvCacheConfig(
+        kv_cache_config=executor_bindings.KvCacheConfig(
             enable_block_reuse=settings.enable_block_reuse,
             max_tokens=settings.kv_cache_max_tokens,
             free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
@@ -44,12 +46,14 @@ def executor_config(tle: Any, settings: EngineSettings, worker_path: Path | None
         enable_chunked_context=settings.enable_chunked_context,
         max_batch_size=settings.max_batch_size,
         max_num_tokens=settings.max_num_tokens,
-        parallel_config=_parallel_config(tle, settings, worker_path),
+        parallel_config=_parallel_config(executor_bindings, settings, worker_path),
         extended_runtime_perf_knob_config=knobs,
     )
 
 
-def _parallel_config(tle: Any, settings: EngineSettings, worker_path: Path | None) -> Any:
+def _parallel_config(
+    executor_bindings: Any, settings: EngineSettings, worker_path: Path | None
+) -> Any:
     if settings.world_size == 1:
         return None  # in-process, on the current GPU
     if worker_path is None:
@@ -57,22 +61,22 @@ def _parallel_config(tle: Any, settings: EngineSettings, worker_path: Path | Non
             f"the engine at {settings.engine_path} spans {settings.world_size} GPUs: "
             "the executorWorker binary is needed (set executor_worker_path)"
         )
-    return tle.ParallelConfig(
-        communication_type=tle.CommunicationType.MPI,
-        communication_mode=tle.CommunicationMode.ORCHESTRATOR,
-        orchestrator_config=tle.OrchestratorConfig(
+    return executor_bindings.ParallelConfig(
+        communication_type=executor_bindings.CommunicationType.MPI,
+        communication_mode=executor_bindings.CommunicationMode.ORCHESTRATOR,
+        orchestrator_config=executor_bindings.OrchestratorConfig(
             is_orchestrator=True, worker_executable_path=str(worker_path)
         ),
     )
 
 
-def sampling_config(tle: Any, sampling: SamplingParams, seed: int | None) -> Any:
+def sampling_config(executor_bindings: Any, sampling: SamplingParams, seed: int | None) -> Any:
     """Greedy (temperature 0) is ``top_k=1``. Otherwise ``top_p`` is always passed: the
     executor's default of 0 with ``top_k`` unset would mean greedy, not the full
     distribution. ``top_k`` 0 (off) is left unset, the executor's "all tokens"."""
     if sampling.greedy:
-        return tle.SamplingConfig(beam_width=1, top_k=1)
-    return tle.SamplingConfig(
+        return executor_bindings.SamplingConfig(beam_width=1, top_k=1)
+    return executor_bindings.SamplingConfig(
         beam_width=1,
         top_k=sampling.top_k or None,
         top_p=sampling.top_p,
@@ -82,7 +86,7 @@ def sampling_config(tle: Any, sampling: SamplingParams, seed: int | None) -> Any
 
 
 def request(
-    tle: Any,
+    executor_bindings: Any,
     token_ids: Sequence[int],
     max_tokens: int,
     sampling: SamplingParams,
@@ -94,12 +98,12 @@ def request(
     id is a one-token stop word; the executor's responses then carry only new tokens,
     stop token included."""
     stop_words = [[t] for t in sampling.stop_token_ids] or None
-    return tle.Request(
+    return executor_bindings.Request(
         input_token_ids=list(token_ids),
         max_tokens=max_tokens,
         streaming=True,
-        sampling_config=sampling_config(tle, sampling, seed),
-        output_config=tle.OutputConfig(
+        sampling_config=sampling_config(executor_bindings, sampling, seed),
+        output_config=executor_bindings.OutputConfig(
             return_log_probs=sampling.logprobs is not None,
             exclude_input_from_output=True,
         ),

@@ -17,34 +17,36 @@ from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.fake_llmapi._llm import RequestError
 from tests.trtllm.plans import greedy_tokens, prompt_of
 
-tle = fake_tensorrt_llm
+executor_bindings = fake_tensorrt_llm
 
 
 def test_the_engine_fake_refuses_none_for_cpp_reference_parameters() -> None:
     # The real ExecutorConfig and Request take these as `const&`: None does not convert.
     for keyword in ("scheduler_config", "kv_cache_config", "extended_runtime_perf_knob_config"):
         with pytest.raises(TypeError, match=keyword):
-            tle.ExecutorConfig(**{keyword: None})
+            executor_bindings.ExecutorConfig(**{keyword: None})
     for keyword in ("sampling_config", "output_config", "streaming"):
         with pytest.raises(TypeError, match=keyword):
-            tle.Request([1, 2], 3, **{keyword: None})
+            executor_bindings.Request([1, 2], 3, **{keyword: None})
     with pytest.raises(TypeError, match="enable_block_reuse"):
-        tle.KvCacheConfig(enable_block_reuse=None)
+        executor_bindings.KvCacheConfig(enable_block_reuse=None)
     # std::optional parameters take None.
-    tle.ExecutorConfig(max_batch_size=None, parallel_config=None)
-    tle.KvCacheConfig(max_tokens=None, free_gpu_memory_fraction=None)
-    tle.Request([1], 1, end_id=None, stop_words=None)
+    executor_bindings.ExecutorConfig(max_batch_size=None, parallel_config=None)
+    executor_bindings.KvCacheConfig(max_tokens=None, free_gpu_memory_fraction=None)
+    executor_bindings.Request([1], 1, end_id=None, stop_words=None)
 
 
 def test_the_engine_fake_takes_the_real_positional_forms() -> None:
-    config = tle.ExecutorConfig(1, tle.SchedulerConfig(), tle.KvCacheConfig(True, 128), True)
+    config = executor_bindings.ExecutorConfig(
+        1, executor_bindings.SchedulerConfig(), executor_bindings.KvCacheConfig(True, 128), True
+    )
     assert config.kv_cache_config.max_tokens == 128 and config.enable_chunked_context
-    assert tle.Request([1, 2], 3).max_tokens == 3
+    assert executor_bindings.Request([1, 2], 3).max_tokens == 3
     # Past the real positional parameters the adapter uses, keywords only.
     with pytest.raises(TypeError):
-        tle.SamplingConfig(1, 5)  # top_k is keyword-only in the real class too
+        executor_bindings.SamplingConfig(1, 5)  # top_k is keyword-only in the real class too
     with pytest.raises(TypeError):
-        tle.Request([1, 2], 3, True)
+        executor_bindings.Request([1, 2], 3, True)
 
 
 def test_the_llm_api_fake_validates_options_as_pydantic_does() -> None:
@@ -149,16 +151,20 @@ def run_executor(
     """``(engine id, tokens in this response, final)`` in arrival order. The last
     ``later`` prompts are enqueued only once the first has produced a token."""
     root = write_build(tmp_path / policy, CACHE)
-    config = tle.ExecutorConfig(
-        scheduler_config=tle.SchedulerConfig(getattr(tle.CapacitySchedulerPolicy, policy)),
+    config = executor_bindings.ExecutorConfig(
+        scheduler_config=executor_bindings.SchedulerConfig(
+            getattr(executor_bindings.CapacitySchedulerPolicy, policy)
+        ),
         enable_chunked_context=True,
     )
-    executor = tle.Executor(root / "engine", tle.ModelType.DECODER_ONLY, config)
-    output = tle.OutputConfig(exclude_input_from_output=True)
-    sampling = tle.SamplingConfig(top_k=1)
+    executor = executor_bindings.Executor(
+        root / "engine", executor_bindings.ModelType.DECODER_ONLY, config
+    )
+    output = executor_bindings.OutputConfig(exclude_input_from_output=True)
+    sampling = executor_bindings.SamplingConfig(top_k=1)
 
     def enqueue(prompt: list[int]) -> int:
-        request = tle.Request(
+        request = executor_bindings.Request(
             prompt, max_tokens, streaming=True, sampling_config=sampling, output_config=output
         )
         return executor.enqueue_request(request)

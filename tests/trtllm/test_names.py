@@ -94,11 +94,11 @@ def test_fake_constructors_take_positions_and_none_as_the_real_ones(
 
 def test_the_fake_executor_and_llm_refuse_none_where_the_real_ones_do(tmp_path: Path) -> None:
     engine = write_build(tmp_path / "engine")
-    tle = fake_tensorrt_llm
+    executor_bindings = fake_tensorrt_llm
     executor_arguments = {
         "model_path": engine / "engine",
-        "model_type": tle.ModelType.DECODER_ONLY,
-        "executor_config": tle.ExecutorConfig(),
+        "model_type": executor_bindings.ModelType.DECODER_ONLY,
+        "executor_config": executor_bindings.ExecutorConfig(),
     }
     checkpoint = write_build(tmp_path / "pytorch", FakeBuild(backend="pytorch")) / "checkpoint"
     llm_arguments = {
@@ -117,7 +117,7 @@ def test_the_fake_executor_and_llm_refuse_none_where_the_real_ones_do(tmp_path: 
         "enable_iter_perf_stats": True,
     }
     for module, binding, arguments in [
-        (tle, BY_NAME["Executor"], executor_arguments),
+        (executor_bindings, BY_NAME["Executor"], executor_arguments),
         (fake_llmapi, LLM_API_BY_NAME["LLM"], llm_arguments),
     ]:
         cls = getattr(module, binding.name)
@@ -140,12 +140,12 @@ def test_request_outputs_are_async_iterables() -> None:
         assert callable(getattr(fake_llmapi.RequestOutput, name))
 
 
-LISTS = {"tle": BY_NAME, "llmapi": LLM_API_BY_NAME}
+LISTS = {"executor_bindings": BY_NAME, "llmapi": LLM_API_BY_NAME}
 
 
 def _binding_uses(tree: ast.AST, path: Path) -> list[str]:
-    """Every use of ``tle.<Name>`` or ``llmapi.<Name>`` that its list does not allow, as
-    readable lines."""
+    """Every use of ``executor_bindings.<Name>`` or ``llmapi.<Name>`` that its list does
+    not allow, as readable lines."""
     problems = []
     for node in ast.walk(tree):
         if (
@@ -190,14 +190,15 @@ def test_adapters_use_only_listed_names() -> None:
             if isinstance(node, ast.Name) and node.id in LISTS:
                 uses[node.id] += 1
         problems += _binding_uses(tree, path)
-    assert uses["tle"] > 15 and uses["llmapi"] > 10  # the walk found the calls of both modes
+    # The walk found the calls of both modes.
+    assert uses["executor_bindings"] > 15 and uses["llmapi"] > 10
     assert problems == []
 
 
 def test_the_source_walk_catches_an_unlisted_keyword() -> None:
-    tree = ast.parse("tle.Request(input_token_ids=[], max_tokens=1, beam_width=2)")
+    tree = ast.parse("executor_bindings.Request(input_token_ids=[], max_tokens=1, beam_width=2)")
     assert _binding_uses(tree, Path("x.py")) == ["x.py:1: Request(beam_width=) is not listed"]
-    tree = ast.parse("tle.FinishReason.PAUSED\ntle.DecodingConfig()")
+    tree = ast.parse("executor_bindings.FinishReason.PAUSED\nexecutor_bindings.DecodingConfig()")
     assert len(_binding_uses(tree, Path("x.py"))) == 2
     tree = ast.parse("llmapi.SamplingParams(n=2)\nllmapi.LLM('m')")
     assert _binding_uses(tree, Path("x.py")) == [
