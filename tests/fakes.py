@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -59,6 +60,19 @@ class FakeExecutor:
             return execute(plan)
 
         self.execute = crashing  # type: ignore[method-assign]
+
+    def hold_after(self, steps: int, release: threading.Event, timeout_s: float = 10.0) -> None:
+        """From now on, once ``steps`` plans have run, each ``execute`` first waits for
+        ``release`` (at most ``timeout_s``): a step held in flight, so a test can act
+        between two steps however fast the engine thread runs."""
+        execute = self.execute
+
+        def held(plan: SchedulerOutput) -> StepResult:
+            if len(self.plans) >= steps and not release.wait(timeout_s):
+                raise AssertionError(f"the held step was not released within {timeout_s} s")
+            return execute(plan)
+
+        self.execute = held  # type: ignore[method-assign]
 
     def execute(self, plan: SchedulerOutput) -> StepResult:
         self.plans.append(plan)

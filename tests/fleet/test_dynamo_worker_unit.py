@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -694,6 +695,10 @@ def test_an_abort_wakes_the_consumer_and_frees_the_blocks_before_the_next_step()
 
     async def scenario() -> None:
         core, _ = make_engine()
+        # The second step waits until the abort is sent, so the request cannot finish
+        # first on a fast machine (the fake executor takes no time).
+        released = threading.Event()
+        core.executor.hold_after(1, released)  # type: ignore[attr-defined]
         engine = AsyncEngine(core)
         engine.start()
         stream = await engine.submit(_submission("long", max_tokens=500))
@@ -702,6 +707,7 @@ def test_an_abort_wakes_the_consumer_and_frees_the_blocks_before_the_next_step()
         executor = core.executor
         plans_at_abort = len(executor.plans)  # type: ignore[attr-defined]
         engine.abort("long", RequestAbortedError("request long was aborted"))
+        released.set()
         items = await _drain(stream)
         assert isinstance(items[-1], RequestAbortedError)
         await _drain(await engine.submit(_submission("next")))
