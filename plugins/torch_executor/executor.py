@@ -86,6 +86,7 @@ class TorchExecutor:
         from plugins.torch_executor import native
         from plugins.torch_executor.compact import WeightFormat
         from plugins.torch_executor.cpu_features import cpu_model, detect
+        from plugins.torch_executor.kernel_build import ONEDNN_ISA_ENV
         from plugins.torch_executor.precision import resolve_weights
         from plugins.torch_executor.runner import ModelRunner
 
@@ -133,6 +134,7 @@ class TorchExecutor:
             matchers,
         )
         features = " ".join(detect().names()) if device == "cpu" else ""
+        onednn_cap = os.environ.get(ONEDNN_ISA_ENV) if device == "cpu" else None
         runner = self._runner
         self.platform = (
             ("device", device),
@@ -142,6 +144,7 @@ class TorchExecutor:
             ("kernels", loaded.variant if loaded is not None else "torch"),
             ("cpu", cpu_model()),
             ("cpu_features", features or "none"),
+            *((("onednn_max_isa", onednn_cap),) if onednn_cap else ()),
         )
         log.info(
             "torch executor: %s (weights %s)",
@@ -158,7 +161,7 @@ class TorchExecutor:
         import torch
 
         from plugins.torch_executor.cpu_features import detect
-        from plugins.torch_executor.kernel_build import effective
+        from plugins.torch_executor.kernel_build import cap_onednn, effective
         from plugins.torch_executor.paged import PagedKVCache
         from plugins.torch_executor.precision import resolve_dtype
         from plugins.torch_executor.weights import load_weights
@@ -172,6 +175,9 @@ class TorchExecutor:
             torch.set_num_threads(options.num_threads)
         if options.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("executor.device is cuda, but torch sees no CUDA device here")
+        onednn_cap = cap_onednn(detect())
+        if onednn_cap is not None:
+            log.info("torch executor: oneDNN capped at %s", onednn_cap)
         features = effective(detect())
         name, why = resolve_dtype(options.dtype, options.device, features)
         log.info("torch executor dtype %s (%s)", name, why)

@@ -14,7 +14,11 @@ portable    none (the compiler's baseline: SSE2, or NEON ...)   anything
 
 ``select_variant`` picks the highest level the CPU runs (``cpu_features``, read from
 CPUID); ``ORCHESTRATOR_CPU_ISA=amx|avx512|avx2|portable`` forces one, and asking for a
-level this CPU cannot run is an error naming what it lacks.
+level this CPU cannot run is an error naming what it lacks. A forced level caps oneDNN's
+kernels at the same level (``cap_onednn``), so the whole process computes as a CPU of that
+class would: on an AMX CPU, oneDNN's AMX matmuls round a row differently with the number
+of rows beside it, and a forced ``avx512`` run then answered a prompt differently when
+its earlier blocks came from the prefix cache.
 
 A library's file name carries its variant and a digest of the sources and flags, never
 of the CPU, so a build made on one machine (the container image's build stage, or a
@@ -62,6 +66,9 @@ class Variant:
     # The features the build may use; an override to this variant caps what the rest
     # of the executor (``dtype: auto``) assumes at these. ``None``: no cap.
     assumes: CpuFeatures | None
+    # oneDNN's ``ONEDNN_MAX_CPU_ISA`` for the same level, set when the variant is forced;
+    # ``None``: no cap.
+    onednn_isa: str | None
     has_tiles: bool = False  # it carries the AMX projections (tile_linear.cpp)
 
     def digest(self) -> str:
@@ -91,6 +98,7 @@ VARIANTS: tuple[Variant, ...] = (
         ("kernels.cpp", "stack.cpp", "tile_linear.cpp"),
         lambda f: f.x86_64_v4 and f.avx512_vnni and f.avx512_bf16 and f.amx_tile and f.amx_bf16,
         None,
+        None,
         has_tiles=True,
     ),
     Variant(
@@ -107,6 +115,7 @@ VARIANTS: tuple[Variant, ...] = (
             avx512vl=True,
             avx512dq=True,
         ),
+        "AVX512_CORE",
     ),
     Variant(
         "avx2",
@@ -114,8 +123,9 @@ VARIANTS: tuple[Variant, ...] = (
         ("kernels.cpp", "stack.cpp"),
         lambda f: f.x86_64_v3,
         CpuFeatures(avx2=True, fma=True, f16c=True),
+        "AVX2",
     ),
-    Variant("portable", (), ("kernels.cpp", "stack.cpp"), lambda f: True, CpuFeatures()),
+    Variant("portable", (), ("kernels.cpp", "stack.cpp"), lambda f: True, CpuFeatures(), "SSE41"),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 
@@ -163,6 +173,23 @@ def effective(features: CpuFeatures, override: str | None = None) -> CpuFeatures
     return CpuFeatures(
         **{f: getattr(features, f) and getattr(cap, f) for f in CpuFeatures.__slots__}
     )
+
+
+ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+
+
+def cap_onednn(features: CpuFeatures, override: str | None = None) -> str | None:
+    """Cap oneDNN's kernels at the forced variant's level (``$ORCHESTRATOR_CPU_ISA`` or
+    ``override``) by setting ``$ONEDNN_MAX_CPU_ISA``, unless the user set it; return the
+    cap in force (``None``: none). oneDNN reads the variable once, at its first kernel, so
+    this must run before the process's first oneDNN matmul (``TorchExecutor.from_config``
+    calls it before loading weights); later calls change nothing in oneDNN."""
+    name = os.environ.get(ISA_ENV) if override is None else override
+    if name and ONEDNN_ISA_ENV not in os.environ:
+        cap = select_variant(features, name).onednn_isa
+        if cap is not None:
+            os.environ[ONEDNN_ISA_ENV] = cap
+    return os.environ.get(ONEDNN_ISA_ENV)
 
 
 def compiler() -> str | None:
