@@ -942,8 +942,8 @@ def test_the_kv_estimation_pass_runs_on_tensorrt_llms_scheduler_and_the_llm_star
     max_num_tokens: our core would refuse the 1024-token dummies, nobody hears it, and
     configure_kv_cache_capacity's await (no timeout) would never return."""
     from orchestrator.core.config import EngineConfig
+    from plugins.trtllm.in_executor.settings import InExecutorCore
     from plugins.trtllm.in_executor.start import start
-    from plugins.trtllm.llm_api.settings import InExecutorCore
 
     monkeypatch.delenv(inst.SINGLE_PROCESS_ENV, raising=False)
     modules = fake_release_modules("1.3.0rc27")
@@ -1045,7 +1045,7 @@ def test_a_request_paused_past_2048_tokens_resumes_on_its_whole_context() -> Non
     the pool is full) resumes on everything it had."""
     from orchestrator.core.config import EngineConfig
     from plugins.trtllm.in_executor.factory import scheduler_factory
-    from plugins.trtllm.llm_api.settings import InExecutorCore
+    from plugins.trtllm.in_executor.settings import InExecutorCore
 
     modules = fake_release_modules("1.2.1")
     release = inst.load_release(modules.__getitem__)

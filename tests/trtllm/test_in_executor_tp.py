@@ -23,8 +23,8 @@ import pytest
 from orchestrator.core.config import EngineConfig
 from plugins.trtllm.in_executor.channel import ChannelHost
 from plugins.trtllm.in_executor.facts import RequestFacts
+from plugins.trtllm.in_executor.settings import InExecutorCore
 from plugins.trtllm.in_executor.workers import WorkerSetup, reach_workers
-from plugins.trtllm.llm_api.settings import InExecutorCore
 from tests.trtllm import fake_mpi
 from tests.trtllm.in_executor_harness import seeded_workload
 

@@ -9,5 +9,9 @@ tensor-parallel rank follow rank 0's decision; ``install`` puts the factory wher
 TensorRT-LLM builds its scheduler, behind the version gate; ``workers`` does so in each
 MPI worker process when there is more than one rank, and ``channel`` then carries facts
 and refusals between the serving process and rank 0; ``start`` sets it all up in the
-serving process. Nothing here imports TensorRT-LLM at module level.
+serving process; ``settings`` is what the scheduler is built from. Nothing here imports
+TensorRT-LLM at module level.
+
+Imports go one way: ``llm_api`` (the executor that runs this mode) imports this package,
+and nothing here imports ``llm_api``.
 """

@@ -23,7 +23,7 @@ from plugins.trtllm.in_executor.facts import FactsSource
 from plugins.trtllm.in_executor.install import Release, SchedulerFactory, kv_cache_manager
 from plugins.trtllm.in_executor.ranks import DistLink
 from plugins.trtllm.in_executor.refusals import RefusalSink
-from plugins.trtllm.llm_api.settings import InExecutorCore
+from plugins.trtllm.in_executor.settings import InExecutorCore
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from plugins.trtllm.in_executor.install import (
     load_release,
 )
 from plugins.trtllm.in_executor.refusals import RefusalChannel
+from plugins.trtllm.in_executor.settings import InExecutorCore
 from plugins.trtllm.in_executor.workers import WorkerSetup, reach_workers
-from plugins.trtllm.llm_api.settings import InExecutorCore
 
 # Options the LLM is built with in this mode (TorchLlmArgs fields; listed in
 # plugins.trtllm.names' in-executor block): the overlap scheduler off (install.py says why).

@@ -46,7 +46,7 @@ from plugins.trtllm.in_executor.factory import scheduler_factory
 from plugins.trtllm.in_executor.facts import FactsSource
 from plugins.trtllm.in_executor.install import install, load_release
 from plugins.trtllm.in_executor.refusals import RefusalSink
-from plugins.trtllm.llm_api.settings import InExecutorCore
+from plugins.trtllm.in_executor.settings import InExecutorCore
 from plugins.trtllm.names import (
     IN_EXECUTOR_PROXY_MODULE,
     IN_EXECUTOR_WORKER_MAIN,

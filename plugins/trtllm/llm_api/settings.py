@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.core import ConfigError, EngineConfig
+from plugins.trtllm.in_executor.settings import InExecutorCore
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
 from plugins.trtllm.names import CAPACITY_SCHEDULER_POLICIES
 from plugins.trtllm.settings import artifact_path, pick, read_manifest
@@ -22,18 +23,6 @@ class CudaGraphs:
     batch_sizes: tuple[int, ...] | None
     max_batch_size: int | None
     padding: bool
-
-
-@dataclass(frozen=True)
-class InExecutorCore:
-    """What the scheduler inside TensorRT-LLM's loop is built from: the engine config
-    (its scheduler and cache sections: the same policies as in front), the context
-    limit (``max_model_len``, tokens) and the tensor-parallel ranks it runs on (above 1,
-    every rank is a worker process: ``in_executor.workers``)."""
-
-    engine: EngineConfig
-    max_model_len: int
-    tensor_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
