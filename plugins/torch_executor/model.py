@@ -13,12 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
+from plugins.torch_executor.compact import WeightFormat
 from plugins.torch_executor.linear import Linear
+from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
 from plugins.torch_executor.weights import LayerWeights, LlamaWeights, ModelArgs
 
 
@@ -28,8 +31,9 @@ class Ops:
     hidden]``; ``silu_mul(gate_up)``, ``silu(gate) * up`` of ``[rows, 2 * inter]`` ->
     ``[rows, inter]``; ``linear(layer, x)``, ``layer(x)``; ``linear_add(layer, x,
     residual)``, ``layer.add(x, residual)``; ``head(lm_head, x)``, the LM head's
-    ``lm_head(x)``. ``TORCH_OPS`` below, or the CPU kernels (``native.py``: one pass each,
-    and the projections on AMX tiles or over compact weights)."""
+    ``lm_head(x)``. ``TORCH_OPS`` below, or the CPU kernels (``kernel_ops``, over
+    ``native.py``: one pass each, and the projections on AMX tiles or over compact
+    weights)."""
 
     norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     silu_mul: Callable[[torch.Tensor], torch.Tensor]
@@ -116,6 +120,31 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 TORCH_OPS = Ops(norm=rms_norm, silu_mul=silu_mul)
+
+
+def kernel_ops(
+    kernels: Kernels, weights: WeightFormat = WeightFormat.DENSE, max_rows: int = COMPACT_MAX_ROWS
+) -> Ops:
+    """A layer's parts through the CPU ``kernels``: the elementwise ones always; the
+    projections (and the LM head) over ``weights`` when it is compact (for batches of
+    up to ``max_rows`` rows), else the layers' projections on AMX tiles where
+    available."""
+    if weights is not WeightFormat.DENSE:
+        return Ops(
+            norm=kernels.rms_norm,
+            silu_mul=kernels.silu_mul,
+            linear=partial(kernels.compact_linear, weights, max_rows=max_rows),
+            linear_add=partial(kernels.compact_linear_add, weights, max_rows=max_rows),
+            head=partial(kernels.compact_linear, weights, max_rows=max_rows),
+        )
+    if not kernels.has_tile_linear:
+        return Ops(norm=kernels.rms_norm, silu_mul=kernels.silu_mul)
+    return Ops(
+        norm=kernels.rms_norm,
+        silu_mul=kernels.silu_mul,
+        linear=kernels.linear,
+        linear_add=kernels.linear_add,
+    )
 
 
 def decoder_layer(

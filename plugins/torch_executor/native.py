@@ -33,7 +33,6 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -42,7 +41,6 @@ from plugins.torch_executor import kernel_build
 from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cpu_features import CpuFeatures, detect
 from plugins.torch_executor.linear import Linear
-from plugins.torch_executor.model import Ops
 
 # The compact projections run up to this many rows unless told otherwise; longer
 # batches are compute-bound and go through oneDNN's float32 matmul on the dense weight.
@@ -95,35 +93,12 @@ class Kernels:
     """The loaded library of one variant. Tensor arguments are on the CPU, in one
     supported dtype, index tensors int64; inputs are made contiguous (a no-op when they
     are), caches and index tensors must already be. Shapes are the callers' contract
-    (``paged.py``, ``model.py``); nothing else is checked here."""
+    (``paged.py``, ``model.py``); nothing else is checked here. This module knows
+    nothing of the model: ``model.kernel_ops`` composes these into a layer's ``Ops``."""
 
     lib: ctypes.CDLL
     variant: str = "portable"  # the kernel_build variant this library is
     has_tile_linear: bool = False  # AMX is in this build and this process may use it
-
-    def ops(
-        self, weights: WeightFormat = WeightFormat.DENSE, max_rows: int = COMPACT_MAX_ROWS
-    ) -> Ops:
-        """The layer's parts through these kernels: the elementwise ones always; the
-        projections (and the LM head) over ``weights`` when it is compact (for batches of
-        up to ``max_rows`` rows), else the layers' projections on AMX tiles where
-        available."""
-        if weights is not WeightFormat.DENSE:
-            return Ops(
-                norm=self.rms_norm,
-                silu_mul=self.silu_mul,
-                linear=partial(self.compact_linear, weights, max_rows=max_rows),
-                linear_add=partial(self.compact_linear_add, weights, max_rows=max_rows),
-                head=partial(self.compact_linear, weights, max_rows=max_rows),
-            )
-        if not self.has_tile_linear:
-            return Ops(norm=self.rms_norm, silu_mul=self.silu_mul)
-        return Ops(
-            norm=self.rms_norm,
-            silu_mul=self.silu_mul,
-            linear=self.linear,
-            linear_add=self.linear_add,
-        )
 
     def linear(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         """``layer(x)`` on AMX tiles where the layer has a tile layout; through ``layer``

@@ -13,7 +13,14 @@ from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
 from plugins.torch_executor.grammar import Matchers
 from plugins.torch_executor.linear import Linear
-from plugins.torch_executor.model import TORCH_OPS, Ops, RotaryTable, compute_logits, forward_hidden
+from plugins.torch_executor.model import (
+    TORCH_OPS,
+    Ops,
+    RotaryTable,
+    compute_logits,
+    forward_hidden,
+    kernel_ops,
+)
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
 from plugins.torch_executor.paged import (
     KERNEL_MAX_ROWS,
@@ -106,7 +113,7 @@ class ModelRunner:
         self.ops: Ops = (
             TORCH_OPS
             if self.kernels is None
-            else self.kernels.ops(weights_format, compact_max_rows)
+            else kernel_ops(self.kernels, weights_format, compact_max_rows)
         )
         # Small steps run every layer in one kernel call where it can (stack.py).
         self.stack = DecodeStack.for_model(

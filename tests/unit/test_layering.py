@@ -140,6 +140,24 @@ def test_each_room_imports_only_itself_the_seams_and_the_shared_vocabulary(
     assert violations(paths, room_rule(room)) == []
 
 
+# Inside plugins: a module (or folder) below another never imports the one above it.
+BELOW = [
+    # The C++ kernels' wrapper serves the model; the model composes its ops from it.
+    ("plugins/torch_executor/native.py", "plugins.torch_executor.model"),
+    # LLM-API mode runs the in-executor scheduler, which knows nothing of the mode.
+    ("plugins/trtllm/in_executor", "plugins.trtllm.llm_api"),
+]
+
+
+@pytest.mark.parametrize(("lower", "upper"), BELOW, ids=[lower for lower, _ in BELOW])
+def test_a_lower_plugin_module_never_imports_the_one_above(lower: str, upper: str) -> None:
+    target = ROOT / lower
+    paths = [target] if target.is_file() else files(lower)
+    assert paths, f"nothing at {lower}"
+    found = violations(paths, lambda name: "imports upward" if within(name, upper) else None)
+    assert found == []
+
+
 def test_every_room_of_the_architecture_table_is_checked() -> None:
     table = (ROOT / "docs" / "architecture.md").read_text()
     listed = set(re.findall(r"^\| `([a-z_/]+)/` \|", table, re.MULTILINE))
