@@ -6,8 +6,8 @@ config files on machines without it; the model code loads in ``from_config``.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -20,13 +20,27 @@ from orchestrator.core import (
     SchedulerOutput,
     StepResult,
 )
+from plugins.torch_executor import kernel_build
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR, TorchExecutorConfig
+from plugins.torch_executor.cpu_features import detect
+from plugins.torch_executor.plan import (
+    TORCH_OPS,
+    CpuPlatform,
+    ExecutorPlan,
+    options_dtype,
+    plan_options,
+    resolve_plan,
+)
+from plugins.torch_executor.precision import Dtype
 
 if TYPE_CHECKING:
+    import torch
+
     from orchestrator.core import EngineConfig
     from plugins.torch_executor.grammar import GrammarBackend, Matchers
+    from plugins.torch_executor.native import Kernels
     from plugins.torch_executor.runner import ModelRunner
-    from plugins.torch_executor.weights import LlamaWeights
+    from plugins.torch_executor.weights import LlamaWeights, ModelArgs
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +65,8 @@ class TorchExecutor:
     - The device is the weights'; on the CPU, ``kernels`` (``auto`` or ``torch``) picks
       the CPU kernels or torch ops (``native.py``), and their build is cached under
       ``kernel_dir`` (default: the default cache folder); ``weights`` picks how the
-      projections are stored (``precision.resolve_weights``).
+      projections are stored (``precision.resolve_weights``). The choices are made once,
+      as the executor's ``plan`` (``plan.py``), which the rest reads.
     - ``info().platform`` names what runs: device, dtype, weight format (and, when
       compact, the most rows its projections take, measured at start), kernel variant,
       the CPU and the features read from it; it is logged at start.
@@ -81,13 +96,7 @@ class TorchExecutor:
         ``num_blocks`` blocks of ``block_size`` tokens on the weights' device. ``seed``
         seeds the generator of sampled requests without a seed of their own (``None``:
         fresh entropy). ``grammar``: the constraint backend (``None``: none enforced)."""
-        import torch
-
-        from plugins.torch_executor import native
         from plugins.torch_executor.compact import WeightFormat
-        from plugins.torch_executor.cpu_features import cpu_model, detect
-        from plugins.torch_executor.kernel_build import ONEDNN_ISA_ENV
-        from plugins.torch_executor.precision import resolve_weights
         from plugins.torch_executor.runner import ModelRunner
 
         args = weights.args
@@ -99,30 +108,12 @@ class TorchExecutor:
         self.max_model_len = max_model_len or limit
         self.block_size = block_size
         self.eos_token_ids = args.eos_token_ids
-        rng = torch.Generator()
-        if seed is None:
-            rng.seed()
-        else:
-            rng.manual_seed(seed)
         self._num_blocks = num_blocks
-        loaded = None
-        device = weights.device.type
-        if kernels == "auto" and device == "cpu" and native.supports(weights.dtype):
-            loaded = native.load_kernels(kernel_dir or Path(DEFAULT_CACHE_DIR).expanduser())
-        dtype = "bfloat16" if weights.dtype == torch.bfloat16 else "float32"
-        fmt, why = resolve_weights(weights_format, dtype, device, loaded is not None)
+        rng = _generator(seed)
+        self.plan, loaded = _resolve(weights, kernels, weights_format, kernel_dir)
         self.grammar = grammar
-        matchers: Matchers | None = None
-        if grammar is not None:
-            from plugins.torch_executor.grammar import Matchers
-
-            if grammar.vocab_size != args.vocab_size:
-                raise ValueError(
-                    f"the grammar tokenizer covers {grammar.vocab_size} ids, the model's "
-                    f"logits {args.vocab_size}"
-                )
-            matchers = Matchers(args.vocab_size)
-        self._runner: ModelRunner | None = ModelRunner(
+        matchers = _matchers(grammar, args.vocab_size)
+        runner = ModelRunner(
             weights,
             num_blocks,
             block_size,
@@ -130,26 +121,15 @@ class TorchExecutor:
             rng,
             loaded,
             cuda_graphs,
-            WeightFormat(fmt),
+            WeightFormat(self.plan.weights),
             matchers,
         )
-        features = " ".join(detect().names()) if device == "cpu" else ""
-        onednn_cap = os.environ.get(ONEDNN_ISA_ENV) if device == "cpu" else None
-        runner = self._runner
-        self.platform = (
-            ("device", device),
-            ("dtype", dtype),
-            ("weights", fmt),
-            *((("compact_max_rows", str(runner.compact_max_rows)),) if fmt != "dense" else ()),
-            ("kernels", loaded.variant if loaded is not None else "torch"),
-            ("cpu", cpu_model()),
-            ("cpu_features", features or "none"),
-            *((("onednn_max_isa", onednn_cap),) if onednn_cap else ()),
-        )
+        self._runner: ModelRunner | None = runner
+        self.platform = self.plan.platform(runner.compact_max_rows)
         log.info(
             "torch executor: %s (weights %s)",
             ", ".join(f"{k} {v}" for k, v in self.platform),
-            why,
+            self.plan.weights_why,
         )
         if runner.row_bound is not None:
             log.info("torch executor: %s", runner.row_bound.describe())
@@ -160,10 +140,7 @@ class TorchExecutor:
         pool from ``config.kv_cache_gib``."""
         import torch
 
-        from plugins.torch_executor.cpu_features import detect
-        from plugins.torch_executor.kernel_build import cap_onednn, effective
         from plugins.torch_executor.paged import PagedKVCache
-        from plugins.torch_executor.precision import resolve_dtype
         from plugins.torch_executor.weights import load_weights
 
         options = (
@@ -175,11 +152,11 @@ class TorchExecutor:
             torch.set_num_threads(options.num_threads)
         if options.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("executor.device is cuda, but torch sees no CUDA device here")
-        onednn_cap = cap_onednn(detect())
+        # Before the weights load: oneDNN reads its cap at its first kernel.
+        onednn_cap = kernel_build.cap_onednn(detect())
         if onednn_cap is not None:
             log.info("torch executor: oneDNN capped at %s", onednn_cap)
-        features = effective(detect())
-        name, why = resolve_dtype(options.dtype, options.device, features)
+        name, why = options_dtype(options, detect())
         log.info("torch executor dtype %s (%s)", name, why)
         dtype = getattr(torch, name)
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
@@ -191,29 +168,7 @@ class TorchExecutor:
                 f"kv_cache_gib={options.kv_cache_gib} holds no block of {block_size} tokens "
                 f"({per_block} bytes each in {name})"
             )
-        grammar = None
-        if options.constraints:
-            import importlib.util
-
-            if importlib.util.find_spec("llguidance") is None:
-                raise ValueError(
-                    "executor.constraints is true but llguidance is not installed: install "
-                    "the torch extra (llguidance>=1.9,<2) or set executor.constraints: false"
-                )
-            from plugins.torch_executor import grammar as llg
-
-            try:
-                text = llg.tokenizer_json(engine.model, options.cache_path)
-            except (OSError, ValueError) as err:
-                raise ValueError(
-                    f"executor.constraints is true but the model's tokenizer cannot be read "
-                    f"for llguidance ({err}); give the model a tokenizer.json or set "
-                    "executor.constraints: false"
-                ) from err
-            tokenizer = llg.load_tokenizer(
-                text, weights.args.vocab_size, weights.args.eos_token_ids
-            )
-            grammar = llg.GrammarBackend(tokenizer)
+        grammar = _grammar_backend(options, engine, weights.args) if options.constraints else None
         return cls(
             weights,
             block_size=block_size,
@@ -232,26 +187,8 @@ class TorchExecutor:
         """What ``from_config`` would run on and in, without loading the model: the CPU,
         the features read from it, the kernel variant, the dtype and the weight format.
         Raises ``ValueError`` where ``from_config`` would refuse the options."""
-        from plugins.torch_executor import kernel_build
-        from plugins.torch_executor.cpu_features import cpu_model, detect
-        from plugins.torch_executor.precision import resolve_dtype, resolve_weights
-
         options = cls.Config.model_validate(config or {})
-        features = detect()
-        variant = kernel_build.select_variant(features)
-        dtype, why = resolve_dtype(options.dtype, options.device, kernel_build.effective(features))
-        on_cpu = options.device == "cpu"
-        kernels = variant.name if on_cpu and options.kernels == "auto" else "torch"
-        fmt, fmt_why = resolve_weights(options.weights, dtype, options.device, kernels != "torch")
-        return (
-            ("cpu", cpu_model()),
-            ("cpu_features", " ".join(features.names()) or "none"),
-            ("isa_override", os.environ.get(kernel_build.ISA_ENV) or "none"),
-            ("kernels", kernels),
-            ("device", options.device),
-            ("dtype", f"{dtype} ({why})"),
-            ("weights", f"{fmt} ({fmt_why}; int8 needs the kernels to build or be prebuilt)"),
-        )
+        return plan_options(options, CpuPlatform.read()).describe()
 
     @property
     def runner(self) -> ModelRunner:
@@ -292,3 +229,82 @@ class TorchExecutor:
         if self._runner is not None and self._runner.matchers is not None:
             self._runner.matchers.shutdown()
         self._runner = None
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    """The generator of sampled requests without a seed of their own: seeded with
+    ``seed``, or from fresh entropy for ``None``."""
+    import torch
+
+    rng = torch.Generator()
+    if seed is None:
+        rng.seed()
+    else:
+        rng.manual_seed(seed)
+    return rng
+
+
+def _resolve(
+    weights: LlamaWeights,
+    kernels: Literal["auto", "torch"],
+    weights_format: str,
+    kernel_dir: Path | None,
+) -> tuple[ExecutorPlan, Kernels | None]:
+    """The plan ``weights`` run with, and the CPU kernels it runs (``None``: torch ops):
+    with ``kernels: auto``, on the CPU, in a dtype they have a variant for, those that
+    load (``native.load_kernels``, which falls back to a lower variant); the weight
+    format as ``weights_format`` asks where the model and the kernels allow it."""
+    import torch
+
+    from plugins.torch_executor import native
+
+    loaded = None
+    device = weights.device.type
+    if kernels == "auto" and device == "cpu" and native.supports(weights.dtype):
+        loaded = native.load_kernels(kernel_dir or Path(DEFAULT_CACHE_DIR).expanduser())
+    dtype: Dtype = "bfloat16" if weights.dtype == torch.bfloat16 else "float32"
+    variant = loaded.variant if loaded is not None else TORCH_OPS
+    plan = resolve_plan(
+        device, (dtype, "the weights'"), variant, weights_format, CpuPlatform.read()
+    )
+    return plan, loaded
+
+
+def _matchers(grammar: GrammarBackend | None, vocab_size: int) -> Matchers | None:
+    """The constrained requests' grammar state over the model's ``vocab_size`` logits;
+    ``None`` without a grammar backend. Raises ``ValueError`` when the grammar's
+    tokenizer covers another vocabulary."""
+    if grammar is None:
+        return None
+    from plugins.torch_executor.grammar import Matchers
+
+    if grammar.vocab_size != vocab_size:
+        raise ValueError(
+            f"the grammar tokenizer covers {grammar.vocab_size} ids, the model's "
+            f"logits {vocab_size}"
+        )
+    return Matchers(vocab_size)
+
+
+def _grammar_backend(
+    options: TorchExecutorConfig, engine: EngineConfig, args: ModelArgs
+) -> GrammarBackend:
+    """llguidance over the model's tokenizer, for ``constraints: true``; ``ValueError``
+    naming the fix where llguidance is missing or the tokenizer cannot be read."""
+    if importlib.util.find_spec("llguidance") is None:
+        raise ValueError(
+            "executor.constraints is true but llguidance is not installed: install "
+            "the torch extra (llguidance>=1.9,<2) or set executor.constraints: false"
+        )
+    from plugins.torch_executor import grammar as llg
+
+    try:
+        text = llg.tokenizer_json(engine.model, options.cache_path)
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"executor.constraints is true but the model's tokenizer cannot be read "
+            f"for llguidance ({err}); give the model a tokenizer.json or set "
+            "executor.constraints: false"
+        ) from err
+    tokenizer = llg.load_tokenizer(text, args.vocab_size, args.eos_token_ids)
+    return llg.GrammarBackend(tokenizer)
