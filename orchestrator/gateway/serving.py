@@ -26,7 +26,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from orchestrator.common.async_engine import AsyncEngine, ConstraintError, RequestStream
+from orchestrator.common.async_engine import AsyncEngine, InvalidConstraintError, RequestStream
 from orchestrator.core import (
     ConstraintSpec,
     EngineError,
@@ -458,8 +458,12 @@ class OpenAIServing:
     @staticmethod
     def _api_error(job: _Job, exc: BaseException) -> APIError:
         """``to_api_error``, with a constraint error naming the field it came from."""
-        if isinstance(exc, ConstraintError) and exc.param is None and job.constraint is not None:
-            exc = ConstraintError(str(exc), param=job.constraint.source)
+        if (
+            isinstance(exc, InvalidConstraintError)
+            and exc.param is None
+            and job.constraint is not None
+        ):
+            exc = InvalidConstraintError(str(exc), param=job.constraint.source)
         return to_api_error(exc)
 
     async def _submit(
