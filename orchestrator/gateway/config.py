@@ -78,8 +78,9 @@ class ServerConfig(StrictModel):
 class ServeConfig(EngineConfig):
     """What ``orchestrator serve`` reads: the engine's sections and ``server``."""
 
-    # The core types the section as an unread mapping; here it is the gateway's own.
-    server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[assignment]
+    # The core carries the section unread (``object``, validated as a mapping); here it
+    # is the gateway's own model.
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
     @model_validator(mode="after")
     def _tenant_classes_exist(self) -> ServeConfig:
