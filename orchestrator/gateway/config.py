@@ -16,8 +16,8 @@ from pydantic import Field, model_validator
 from orchestrator.core import EngineConfig, StrictModel, load_yaml
 from orchestrator.gateway.protocol import PRIORITY_MAX, PRIORITY_MIN
 
-# The tool-call formats ``orchestrator.gateway.tool_parsers.TOOL_CALL_FORMATS`` holds,
-# by name (a test keeps the two equal): config holds names, behaviour the registry.
+# The tool parsers ``orchestrator.gateway.tool_parsers.TOOL_PARSERS`` holds, by name (a
+# test keeps the two equal): config holds names, behaviour the registry.
 ToolCallParserName = Literal["hermes"]
 
 

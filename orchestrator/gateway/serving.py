@@ -39,7 +39,11 @@ from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
 from orchestrator.gateway.config import ObjectiveConfig
 from orchestrator.gateway.constraints import chat_constraint, completion_constraint
 from orchestrator.gateway.errors import APIError, to_api_error
-from orchestrator.gateway.formats import ChatFormat, CompletionFormat, ResponseFormat
+from orchestrator.gateway.formats import (
+    ChatResponseBuilder,
+    CompletionResponseBuilder,
+    ResponseBuilder,
+)
 from orchestrator.gateway.lifecycle import InFlight
 from orchestrator.gateway.llmd import LlmdHints, read_hints
 from orchestrator.gateway.metrics import GatewayMetrics
@@ -51,8 +55,8 @@ from orchestrator.gateway.protocol import (
     Usage,
 )
 from orchestrator.gateway.tokenizer import ChatTemplateError, Tokenizer
-from orchestrator.gateway.tool_parsers import HermesFormat, ToolCallFormat
-from orchestrator.gateway.tools import offered_tools, prompt_messages
+from orchestrator.gateway.tool_parsers.base import ToolParser
+from orchestrator.gateway.tool_parsers.hermes import HermesToolParser
 
 logger = logging.getLogger("orchestrator.gateway.requests")
 
@@ -182,12 +186,12 @@ class OpenAIServing:
         log_prompts: bool = False,
         limits: ServingLimits | None = None,
         tenant_classes: Mapping[str, str] | None = None,
-        tool_format: ToolCallFormat | None = None,
+        tool_parser: ToolParser | None = None,
         objectives: Mapping[str, ObjectiveConfig] | None = None,
     ) -> None:
         """``tenant_classes`` (``server.tenant_slo_classes``) maps a tenant to the SLO
         class of its requests that name none; without one the engine applies
-        ``scheduler.default_slo_class``. ``tool_format`` (``server.tool_call_parser``)
+        ``scheduler.default_slo_class``. ``tool_parser`` (``server.tool_call_parser``)
         prompts, constrains and parses tool calls; default ``hermes``. ``objectives``
         (``server.objectives``) maps an llm-d objective name to a priority and SLO
         class (``llmd.read_hints``)."""
@@ -199,7 +203,7 @@ class OpenAIServing:
         self._log_prompts = log_prompts
         self._limits = limits or ServingLimits()
         self._tenant_classes = tenant_classes or {}
-        self._tool_format = tool_format or HermesFormat()
+        self._tool_parser = tool_parser or HermesToolParser()
         self._objectives = objectives or {}
 
     def now(self) -> float:
@@ -227,7 +231,7 @@ class OpenAIServing:
         if body.echo:
             texts = [p if isinstance(p, str) else self._tokenizer.decode(p) for p in batch]
             echo = [text for text in texts for _ in range(n)]
-        fmt = CompletionFormat(
+        builder = CompletionResponseBuilder(
             f"cmpl-{call.request_id}",
             self.model_name,
             self._tokenizer,
@@ -245,15 +249,16 @@ class OpenAIServing:
             choices_per_prompt=n,
             constraint=completion_constraint(body),
         )
-        return await self._run(job, body, fmt, max_tokens, body.logprobs)
+        return await self._run(job, body, builder, max_tokens, body.logprobs)
 
     async def chat(self, body: ChatCompletionRequest, call: CallInfo) -> Response:
         self._check_model(body.model)
         hints = read_hints(call.http.headers, self._objectives)
-        constraint = chat_constraint(body, self._tool_format)
-        messages, tools = prompt_messages(body, self._tokenizer.renders_tools, self._tool_format)
+        # The tool parser is asked once: the prompt, a forced call's grammar, the parsers.
+        tools = self._tool_parser.for_request(body, self._tokenizer.renders_tools)
+        constraint = tools.constraint or chat_constraint(body)
         try:
-            prompt = self._tokenizer.encode_chat(messages, tools)
+            prompt = self._tokenizer.encode_chat(tools.messages, tools.template_tools)
         except ChatTemplateError as err:
             raise APIError(
                 400, f"messages: {err}", param="messages", code="invalid_value"
@@ -282,13 +287,12 @@ class OpenAIServing:
             self._check_limit(max_tokens, limit_field)
         self._check_context(prompt, max_tokens, limit_field)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        names = [t.name for t in offered_tools(body)]
-        fmt = ChatFormat(
+        builder = ChatResponseBuilder(
             f"chatcmpl-{call.request_id}",
             self.model_name,
             self._tokenizer,
             bool(body.logprobs),
-            tool_parser=(lambda: self._tool_format.parser(names)) if names else None,
+            choice_parser=tools.choice_parser,
         )
         priority = self._priority(body.priority, call, hints)
         job = _Job(
@@ -296,12 +300,12 @@ class OpenAIServing:
             "chat",
             [prompt],
             priority,
-            messages,
+            tools.messages,
             hints,
             choices_per_prompt=body.n or 1,
             constraint=constraint,
         )
-        return await self._run(job, body, fmt, max_tokens, logprobs)
+        return await self._run(job, body, builder, max_tokens, logprobs)
 
     # ------------------------------------------------------------------ validation
 
@@ -398,7 +402,7 @@ class OpenAIServing:
         self,
         job: _Job,
         body: CompletionRequest | ChatCompletionRequest,
-        fmt: ResponseFormat,
+        builder: ResponseBuilder,
         max_tokens: int,
         logprobs: int | None,
     ) -> Response:
@@ -438,11 +442,11 @@ class OpenAIServing:
                 raise error from None
         if body.stream:
             return _SSEResponse(
-                self._sse(job, fmt, body.include_usage_in_stream, body.continuous_usage),
+                self._sse(job, builder, body.include_usage_in_stream, body.continuous_usage),
                 on_close=lambda: self._close(job),
                 on_cancel=lambda: _cut_by_server(job),
             )
-        return await self._respond(job, fmt)
+        return await self._respond(job, builder)
 
     @staticmethod
     async def _started(job: _Job) -> None:
@@ -537,7 +541,7 @@ class OpenAIServing:
             for stream in job.streams:
                 stream.close()
 
-    async def _respond(self, job: _Job, fmt: ResponseFormat) -> Response:
+    async def _respond(self, job: _Job, builder: ResponseBuilder) -> Response:
         deltas: list[ChoiceDelta] = []
 
         async def collect() -> None:
@@ -554,14 +558,14 @@ class OpenAIServing:
             raise error from None
         finally:
             self._close(job)
-        body = fmt.response(deltas, len(job.choices), job.usage())
+        body = builder.response(deltas, len(job.choices), job.usage())
         return JSONResponse(body.model_dump(mode="json"))
 
     async def _sse(
-        self, job: _Job, fmt: ResponseFormat, include_usage: bool, continuous_usage: bool
+        self, job: _Job, builder: ResponseBuilder, include_usage: bool, continuous_usage: bool
     ) -> AsyncIterator[str]:
         try:
-            for chunk in fmt.stream_start(len(job.choices)):
+            for chunk in builder.stream_start(len(job.choices)):
                 yield _sse_data(chunk, job.usage() if continuous_usage else None)
             # Tokens per choice as of the deltas sent so far: the choices themselves may
             # already be further along than the delta being sent.
@@ -569,12 +573,12 @@ class OpenAIServing:
             async with contextlib.aclosing(self._deltas(job)) as stream:
                 async for delta in stream:
                     sent[delta.index] = delta.num_output_tokens
-                    piece = None if delta.is_empty else fmt.stream_chunk(delta)
+                    piece = None if delta.is_empty else builder.stream_chunk(delta)
                     if piece is not None:
                         usage = job.usage(sum(sent.values())) if continuous_usage else None
                         yield _sse_data(piece, usage)
             if include_usage:
-                yield _sse_data(fmt.stream_usage(job.usage()))
+                yield _sse_data(builder.stream_usage(job.usage()))
         except Exception as exc:
             # Headers are sent: the error travels as a final event, as OpenAI does.
             error = self._api_error(job, exc)
