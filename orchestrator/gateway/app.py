@@ -17,7 +17,8 @@ from orchestrator.gateway.lifecycle import GatewayLifecycle, Loader
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import RequestBodyMiddleware, RequestIdMiddleware
 from orchestrator.gateway.openapi import install_openapi
-from orchestrator.gateway.protocol import ChatCompletionRequest, CompletionRequest
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest
+from orchestrator.gateway.protocol.completions import CompletionRequest
 from orchestrator.gateway.routes import router
 from orchestrator.gateway.serving import OpenAIServing, ServingLimits
 from orchestrator.gateway.tokenizer import Tokenizer

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from orchestrator.core import EngineConfig, StrictModel, load_yaml
-from orchestrator.gateway.protocol import PRIORITY_MAX, PRIORITY_MIN
+from orchestrator.gateway.protocol.shared import PRIORITY_MAX, PRIORITY_MIN
 
 # The tool parsers ``orchestrator.gateway.tool_parsers.TOOL_PARSERS`` holds, by name (a
 # test keeps the two equal): config holds names, behaviour the registry.

@@ -13,11 +13,9 @@ import json
 from typing import Any
 
 from orchestrator.core import ConstraintKind, ConstraintSpec
-from orchestrator.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    StructuredOutputs,
-)
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest
+from orchestrator.gateway.protocol.completions import CompletionRequest
+from orchestrator.gateway.protocol.shared import StructuredOutputs
 
 
 def _json(value: Any) -> str:

@@ -32,7 +32,7 @@ from orchestrator.common.async_engine import (
     SubmissionFailedError,
 )
 from orchestrator.core import AdmissionError, EngineDeadError, OverloadedError
-from orchestrator.gateway.protocol import ErrorDetail, ErrorResponse
+from orchestrator.gateway.protocol.shared import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from orchestrator.core import FinishReason
 from orchestrator.gateway.choice import ChoiceDelta, TokenLogprob
-from orchestrator.gateway.protocol import (
+from orchestrator.gateway.protocol.chat import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -21,18 +21,19 @@ from orchestrator.gateway.protocol import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatTokenLogprob,
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionResponse,
     DeltaMessage,
-    FinishReasonLiteral,
     FunctionCallDelta,
     FunctionCallOut,
     ToolCallDelta,
     ToolCallOut,
     TopLogprob,
-    Usage,
 )
+from orchestrator.gateway.protocol.completions import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+)
+from orchestrator.gateway.protocol.shared import FinishReasonLiteral, Usage
 from orchestrator.gateway.tokenizer import Tokenizer
 from orchestrator.gateway.tool_parsers.calls import CallPiece, ChoiceParser, Parsed
 

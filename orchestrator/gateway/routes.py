@@ -14,13 +14,11 @@ from pydantic import BaseModel, BeforeValidator
 from orchestrator.gateway.lifecycle import GatewayLifecycle
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import request_id
-from orchestrator.gateway.protocol import (
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from orchestrator.gateway.protocol.completions import CompletionRequest, CompletionResponse
+from orchestrator.gateway.protocol.shared import (
     PRIORITY_MAX,
     PRIORITY_MIN,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
     ErrorResponse,
     ModelCard,
     ModelList,

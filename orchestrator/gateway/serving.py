@@ -48,12 +48,9 @@ from orchestrator.gateway.lifecycle import InFlight
 from orchestrator.gateway.llmd import LlmdHints, read_hints
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import mark_logged
-from orchestrator.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    PromptTokensDetails,
-    Usage,
-)
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest
+from orchestrator.gateway.protocol.completions import CompletionRequest
+from orchestrator.gateway.protocol.shared import PromptTokensDetails, Usage
 from orchestrator.gateway.tokenizer import ChatTemplateError, Tokenizer
 from orchestrator.gateway.tool_parsers.base import ToolParser
 from orchestrator.gateway.tool_parsers.hermes import HermesToolParser

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from orchestrator.core import ConstraintKind, ConstraintSpec
 from orchestrator.gateway.config import ServerConfig, ToolCallParserName
-from orchestrator.gateway.protocol import FunctionDefinition
+from orchestrator.gateway.protocol.chat import FunctionDefinition
 from orchestrator.gateway.tool_parsers import TOOL_PARSERS
 from orchestrator.gateway.tool_parsers.calls import Parsed
 from orchestrator.gateway.tool_parsers.hermes import HermesToolParser

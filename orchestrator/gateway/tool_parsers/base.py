@@ -23,13 +23,13 @@ from typing import Any, ClassVar
 
 from orchestrator.core import ConstraintKind, ConstraintSpec
 from orchestrator.gateway.errors import APIError
-from orchestrator.gateway.protocol import (
-    MAX_CONSTRAINT_BYTES,
+from orchestrator.gateway.protocol.chat import (
     ChatCompletionRequest,
     ChatMessage,
     FunctionDefinition,
     NamedToolChoice,
 )
+from orchestrator.gateway.protocol.shared import MAX_CONSTRAINT_BYTES
 from orchestrator.gateway.tool_parsers.calls import ChoiceParser
 
 # An omitted ``parameters`` means any JSON object (OpenAI's functions without a schema).

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.gateway.protocol import FunctionDefinition
+from orchestrator.gateway.protocol.chat import FunctionDefinition
 from orchestrator.gateway.tool_parsers.base import ANY_OBJECT, ToolParser
 from orchestrator.gateway.tool_parsers.calls import CallPiece, ChoiceParser, Parsed, new_call_id
 
