@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, BeforeValidator
 
+from orchestrator.gateway.job import CallInfo
 from orchestrator.gateway.lifecycle import GatewayLifecycle
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import request_id
@@ -23,7 +24,7 @@ from orchestrator.gateway.protocol.shared import (
     ModelCard,
     ModelList,
 )
-from orchestrator.gateway.serving import CallInfo, OpenAIServing
+from orchestrator.gateway.serving import OpenAIServing
 
 router = APIRouter()
 
