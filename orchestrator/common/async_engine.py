@@ -63,11 +63,13 @@ class RequestShedError(EngineError):
 INVALID_CONSTRAINT = "invalid_constraint"  # the engine's error_code for a bad constraint
 
 
-class ConstraintError(EngineError):
+class InvalidConstraintError(EngineError):
     """The engine could not use this request's constraint (it failed to compile, is
     too large, or compiling it timed out); it ended the request before any token.
     The message is the engine's, naming the problem; ``param`` is the request field
-    the constraint came from, where the caller knows it."""
+    the constraint came from, where the caller knows it. (The core's ``ConstraintError``
+    is what a grammar backend raises while compiling; this is what the request's stream
+    raises to its reader afterwards.)"""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -139,7 +141,7 @@ class RequestStream:
         if item.finished:
             self.finished = True
             if item.finish_reason is FinishReason.ERROR and item.error_code == INVALID_CONSTRAINT:
-                raise ConstraintError(item.error or "the constraint could not be used")
+                raise InvalidConstraintError(item.error or "the constraint could not be used")
             if item.finish_reason is FinishReason.ERROR and item.error_code is not None:
                 raise RequestShedError(
                     item.error or "the engine ended this request", item.error_code

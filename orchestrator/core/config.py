@@ -9,13 +9,14 @@ whose own pydantic ``Config`` validates the options.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetPydanticSchema,
     ValidationError,
     field_validator,
     model_validator,
@@ -358,6 +359,12 @@ class KVEventsSpec(StrictModel):
         return split_type(data, "kv_events", "zmq")
 
 
+# The gateway's section as the core carries it: validated as a mapping (one serve file
+# also loads here), typed as ``object`` because the core never reads it, so a subclass
+# (``orchestrator.gateway.config.ServeConfig``) narrows it to the gateway's own model.
+UnreadSection = Annotated[object, GetPydanticSchema(lambda _, handler: handler(dict[str, Any]))]
+
+
 class EngineConfig(StrictModel):
     """Everything needed to start an engine.
 
@@ -373,7 +380,7 @@ class EngineConfig(StrictModel):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     executor: ExecutorSpec
     kv_events: KVEventsSpec | None = None
-    server: dict[str, Any] = Field(default_factory=dict)
+    server: UnreadSection = Field(default_factory=dict)
 
 
 ConfigModel = TypeVar("ConfigModel", bound=BaseModel)

@@ -17,11 +17,12 @@ from orchestrator.gateway.lifecycle import GatewayLifecycle, Loader
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import RequestBodyMiddleware, RequestIdMiddleware
 from orchestrator.gateway.openapi import install_openapi
-from orchestrator.gateway.protocol import ChatCompletionRequest, CompletionRequest
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest
+from orchestrator.gateway.protocol.completions import CompletionRequest
 from orchestrator.gateway.routes import router
 from orchestrator.gateway.serving import OpenAIServing, ServingLimits
 from orchestrator.gateway.tokenizer import Tokenizer
-from orchestrator.gateway.tool_parsers import tool_call_format
+from orchestrator.gateway.tool_parsers import tool_parser
 
 API_DESCRIPTION = (
     "OpenAI's completions and chat completions. Every error is "
@@ -56,7 +57,7 @@ def create_app(
             log_prompts=server.log_prompts,
             limits=ServingLimits(server.default_chat_max_tokens, server.max_tokens_limit),
             tenant_classes=server.tenant_slo_classes,
-            tool_format=tool_call_format(server.tool_call_parser),
+            tool_parser=tool_parser(server.tool_call_parser),
             objectives=server.objectives,
         )
 

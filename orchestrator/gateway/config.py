@@ -14,10 +14,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from orchestrator.core import EngineConfig, StrictModel, load_yaml
-from orchestrator.gateway.protocol import PRIORITY_MAX, PRIORITY_MIN
+from orchestrator.gateway.protocol.shared import PRIORITY_MAX, PRIORITY_MIN
 
-# The tool-call formats ``orchestrator.gateway.tool_parsers.TOOL_CALL_FORMATS`` holds,
-# by name (a test keeps the two equal): config holds names, behaviour the registry.
+# The tool parsers ``orchestrator.gateway.tool_parsers.TOOL_PARSERS`` holds, by name (a
+# test keeps the two equal): config holds names, behaviour the registry.
 ToolCallParserName = Literal["hermes"]
 
 
@@ -78,8 +78,9 @@ class ServerConfig(StrictModel):
 class ServeConfig(EngineConfig):
     """What ``orchestrator serve`` reads: the engine's sections and ``server``."""
 
-    # The core types the section as an unread mapping; here it is the gateway's own.
-    server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[assignment]
+    # The core carries the section unread (``object``, validated as a mapping); here it
+    # is the gateway's own model.
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
     @model_validator(mode="after")
     def _tenant_classes_exist(self) -> ServeConfig:

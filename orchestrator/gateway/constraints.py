@@ -2,9 +2,9 @@
 
 ``response_format`` (chat) and ``structured_outputs`` (both endpoints) map one to one
 onto ``ConstraintKind``; a forced tool call (``tool_choice`` ``required`` or a named
-function) becomes a Lark grammar written by the configured tool-call format. The
-protocol models have already checked shapes, sizes and that at most one is given.
-``source`` names the field, so the engine's compile errors can name it back.
+function) is the configured tool parser's (``tool_parsers``). The protocol models have
+already checked shapes, sizes and that at most one is given. ``source`` names the field,
+so the engine's compile errors can name it back.
 """
 
 from __future__ import annotations
@@ -13,18 +13,9 @@ import json
 from typing import Any
 
 from orchestrator.core import ConstraintKind, ConstraintSpec
-from orchestrator.gateway.errors import APIError
-from orchestrator.gateway.protocol import (
-    MAX_CONSTRAINT_BYTES,
-    ChatCompletionRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    StructuredOutputs,
-)
-from orchestrator.gateway.tool_parsers import ToolCallFormat
-
-# A grammar for several tools holds each tool's schema: allow their sum, bounded.
-MAX_TOOL_GRAMMAR_BYTES = 4 * MAX_CONSTRAINT_BYTES
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest
+from orchestrator.gateway.protocol.completions import CompletionRequest
+from orchestrator.gateway.protocol.shared import StructuredOutputs
 
 
 def _json(value: Any) -> str:
@@ -51,9 +42,9 @@ def completion_constraint(body: CompletionRequest) -> ConstraintSpec | None:
     return structured_outputs_constraint(body.structured_outputs)
 
 
-def chat_constraint(body: ChatCompletionRequest, tools: ToolCallFormat) -> ConstraintSpec | None:
-    """The one constraint of a chat request, if any. ``tool_choice`` ``auto`` is none:
-    the model decides whether to call, and the parser reads what it wrote."""
+def chat_constraint(body: ChatCompletionRequest) -> ConstraintSpec | None:
+    """The constraint of a chat request's ``structured_outputs`` or ``response_format``,
+    if it has one (a forced tool call is the tool parser's)."""
     if body.structured_outputs is not None:
         return structured_outputs_constraint(body.structured_outputs)
     rf = body.response_format
@@ -62,22 +53,4 @@ def chat_constraint(body: ChatCompletionRequest, tools: ToolCallFormat) -> Const
     if rf is not None and rf.json_schema is not None:
         schema = _json(rf.json_schema.schema_)
         return ConstraintSpec(ConstraintKind.JSON_SCHEMA, schema, "response_format")
-    mode = body.tool_mode
-    if mode not in ("required", "named"):
-        return None
-    offered = [t.function for t in body.tools or []]
-    if isinstance(body.tool_choice, NamedToolChoice):
-        wanted = body.tool_choice.function.name
-        offered = [f for f in offered if f.name == wanted]
-    parallel = body.parallel_tool_calls is not False
-    grammar = tools.grammar(offered, parallel)
-    size = len(grammar.encode())
-    if size > MAX_TOOL_GRAMMAR_BYTES:
-        raise APIError(
-            400,
-            f"tools: the tools' schemas make a {size}-byte grammar; at most "
-            f"{MAX_TOOL_GRAMMAR_BYTES} (offer fewer or smaller tools)",
-            param="tools",
-            code="invalid_value",
-        )
-    return ConstraintSpec(ConstraintKind.GRAMMAR, grammar, "tools")
+    return None

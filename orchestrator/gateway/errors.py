@@ -2,8 +2,8 @@
 place: ``{"error": {"message", "type", "param", "code"}}``.
 
 Engine errors map as: ``AdmissionError`` -> 400 (``param`` the field at fault),
-``ConstraintError`` (a schema or grammar the engine could not compile) -> 400 naming
-the field it came from,
+``InvalidConstraintError`` (a schema or grammar the engine could not compile) -> 400
+naming the field it came from,
 ``OverloadedError`` -> 429 with ``Retry-After`` and the engine's reason as ``code``,
 ``RequestShedError`` (ended past its TTFT deadline before a token) -> 503 with its reason
 as ``code``, ``EngineDeadError`` -> 503, a request the engine failed or could not
@@ -26,13 +26,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from orchestrator.common.async_engine import (
-    ConstraintError,
+    InvalidConstraintError,
     RequestFailedError,
     RequestShedError,
     SubmissionFailedError,
 )
 from orchestrator.core import AdmissionError, EngineDeadError, OverloadedError
-from orchestrator.gateway.protocol import ErrorDetail, ErrorResponse
+from orchestrator.gateway.protocol.shared import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(429, str(exc), code=exc.code, headers=headers)
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc), code="engine_unavailable")
-    if isinstance(exc, ConstraintError):
+    if isinstance(exc, InvalidConstraintError):
         # The client's schema or grammar is at fault, not the server.
         message = f"{exc.param}: {exc}" if exc.param else str(exc)
         return APIError(400, message, param=exc.param, code="invalid_constraint")

@@ -1,7 +1,7 @@
 """Choice deltas in OpenAI's shapes: ``text_completion`` and ``chat.completion`` (whole
 responses and streamed chunks), including their two logprob formats, and a chat
 choice's tool calls (``message.tool_calls``, streamed as ``delta.tool_calls``) read by
-the configured tool-call parser."""
+the configured tool parser's per-choice parsers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from orchestrator.core import FinishReason
 from orchestrator.gateway.choice import ChoiceDelta, TokenLogprob
-from orchestrator.gateway.protocol import (
+from orchestrator.gateway.protocol.chat import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -21,20 +21,21 @@ from orchestrator.gateway.protocol import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatTokenLogprob,
-    CompletionChoice,
-    CompletionLogprobs,
-    CompletionResponse,
     DeltaMessage,
-    FinishReasonLiteral,
     FunctionCallDelta,
     FunctionCallOut,
     ToolCallDelta,
     ToolCallOut,
     TopLogprob,
-    Usage,
 )
+from orchestrator.gateway.protocol.completions import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+)
+from orchestrator.gateway.protocol.shared import FinishReasonLiteral, Usage
 from orchestrator.gateway.tokenizer import Tokenizer
-from orchestrator.gateway.tool_parsers import CallPiece, Parsed, ToolCallParser
+from orchestrator.gateway.tool_parsers.calls import CallPiece, ChoiceParser, Parsed
 
 
 def _api_finish_reason(reason: FinishReason | None) -> FinishReasonLiteral | None:
@@ -47,8 +48,8 @@ def _api_finish_reason(reason: FinishReason | None) -> FinishReasonLiteral | Non
     return None
 
 
-class ResponseFormat(Protocol):
-    """Shapes one endpoint's responses."""
+class ResponseBuilder(Protocol):
+    """Builds one endpoint's responses and stream chunks from its choices' deltas."""
 
     def stream_start(self, num_choices: int) -> list[BaseModel]:
         """Chunks sent before any token."""
@@ -88,7 +89,7 @@ def _by_choice(deltas: Sequence[ChoiceDelta], num_choices: int) -> list[list[Cho
     return grouped
 
 
-class CompletionFormat:
+class CompletionResponseBuilder:
     """``/v1/completions``; ``logprobs`` is the legacy per-token list format. ``echo``
     holds each choice's prompt text when the client asked for it: a whole response
     prepends it to the choice's text, a stream sends it as each choice's first chunk."""
@@ -175,7 +176,7 @@ class CompletionFormat:
         )
 
 
-class ChatFormat:
+class ChatResponseBuilder:
     """``/v1/chat/completions``; streams open with the assistant role for each choice."""
 
     def __init__(
@@ -184,9 +185,9 @@ class ChatFormat:
         model: str,
         tokenizer: Tokenizer,
         logprobs: bool,
-        tool_parser: Callable[[], ToolCallParser] | None = None,
+        choice_parser: Callable[[], ChoiceParser] | None = None,
     ) -> None:
-        """``tool_parser`` makes one parser per choice when the request offers tools:
+        """``choice_parser`` makes one parser per choice when the request offers tools:
         calls in the text become ``tool_calls``, and a choice that made any and
         stopped finishes with ``tool_calls``."""
         self._id = response_id
@@ -194,8 +195,8 @@ class ChatFormat:
         self._created = int(time.time())
         self._tokens = _TokenStrings(tokenizer)
         self._logprobs = logprobs
-        self._tool_parser = tool_parser
-        self._parsers: dict[int, ToolCallParser] = {}
+        self._choice_parser = choice_parser
+        self._parsers: dict[int, ChoiceParser] = {}
 
     def _top(self, token_id: int, logprob: float) -> TopLogprob:
         return TopLogprob(
@@ -228,12 +229,12 @@ class ChatFormat:
     def stream_chunk(self, delta: ChoiceDelta) -> BaseModel | None:
         logprobs = self._logprobs_of(delta.logprobs) if self._logprobs else None
         finish = _api_finish_reason(delta.finish_reason)
-        if self._tool_parser is None:
+        if self._choice_parser is None:
             message = DeltaMessage(content=delta.text or None)
         else:
             parser = self._parsers.get(delta.index)
             if parser is None:
-                parser = self._parsers[delta.index] = self._tool_parser()
+                parser = self._parsers[delta.index] = self._choice_parser()
             parsed = parser.push(delta.text)
             if delta.finish_reason is not None:
                 parsed.extend(parser.finish())
@@ -260,8 +261,8 @@ class ChatFormat:
             text = "".join(d.text for d in parts)
             finish = _api_finish_reason(parts[-1].finish_reason if parts else None)
             message = AssistantMessage(content=text)
-            if self._tool_parser is not None:
-                parser = self._tool_parser()
+            if self._choice_parser is not None:
+                parser = self._choice_parser()
                 parsed = parser.push(text)
                 parsed.extend(parser.finish())
                 calls = _whole_calls(parsed)

@@ -11,21 +11,20 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, BeforeValidator
 
+from orchestrator.gateway.job import CallInfo
 from orchestrator.gateway.lifecycle import GatewayLifecycle
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import request_id
-from orchestrator.gateway.protocol import (
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from orchestrator.gateway.protocol.completions import CompletionRequest, CompletionResponse
+from orchestrator.gateway.protocol.shared import (
     PRIORITY_MAX,
     PRIORITY_MIN,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    CompletionRequest,
-    CompletionResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
 )
-from orchestrator.gateway.serving import CallInfo, OpenAIServing
+from orchestrator.gateway.serving import OpenAIServing
 
 router = APIRouter()
 

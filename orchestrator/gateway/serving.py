@@ -17,8 +17,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -26,9 +26,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from orchestrator.common.async_engine import AsyncEngine, ConstraintError, RequestStream
+from orchestrator.common.async_engine import AsyncEngine, InvalidConstraintError
 from orchestrator.core import (
-    ConstraintSpec,
     EngineError,
     FinishReason,
     OverloadedError,
@@ -39,20 +38,22 @@ from orchestrator.gateway.choice import ChoiceDelta, ChoiceState
 from orchestrator.gateway.config import ObjectiveConfig
 from orchestrator.gateway.constraints import chat_constraint, completion_constraint
 from orchestrator.gateway.errors import APIError, to_api_error
-from orchestrator.gateway.formats import ChatFormat, CompletionFormat, ResponseFormat
+from orchestrator.gateway.formats import (
+    ChatResponseBuilder,
+    CompletionResponseBuilder,
+    ResponseBuilder,
+)
+from orchestrator.gateway.job import CallInfo, Job
 from orchestrator.gateway.lifecycle import InFlight
 from orchestrator.gateway.llmd import LlmdHints, read_hints
 from orchestrator.gateway.metrics import GatewayMetrics
 from orchestrator.gateway.middleware import mark_logged
-from orchestrator.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    PromptTokensDetails,
-    Usage,
-)
+from orchestrator.gateway.protocol.chat import ChatCompletionRequest
+from orchestrator.gateway.protocol.completions import CompletionRequest
+from orchestrator.gateway.protocol.shared import Usage
 from orchestrator.gateway.tokenizer import ChatTemplateError, Tokenizer
-from orchestrator.gateway.tool_parsers import HermesFormat, ToolCallFormat
-from orchestrator.gateway.tools import offered_tools, prompt_messages
+from orchestrator.gateway.tool_parsers.base import ToolParser
+from orchestrator.gateway.tool_parsers.hermes import HermesToolParser
 
 logger = logging.getLogger("orchestrator.gateway.requests")
 
@@ -65,50 +66,6 @@ SEED_MODULUS = 2**64  # choice seeds wrap into the unsigned 64 bits executors ta
 MAX_LOGGED_NAME = 64  # characters of a client-supplied name echoed in an error message
 
 
-SLO_CLASS_HEADER = "X-SLO-Class"
-MAX_SLO_CLASS_HEADER = 64  # characters, as the body's ``slo_class``
-
-
-def _slo_class(body_class: str | None, call: CallInfo) -> str | None:
-    """The body's ``slo_class`` wins over the ``X-SLO-Class`` header; ``None`` when
-    neither names one. The engine rejects an unknown class with a 400 naming
-    ``slo_class``."""
-    if body_class is not None:
-        return body_class
-    header = call.http.headers.get(SLO_CLASS_HEADER)
-    if header is None:
-        return None
-    if not 0 < len(header) <= MAX_SLO_CLASS_HEADER or not header.isprintable():
-        raise APIError(
-            400,
-            f"{SLO_CLASS_HEADER}: must be 1 to {MAX_SLO_CLASS_HEADER} printable characters",
-            param=SLO_CLASS_HEADER,
-            code="invalid_value",
-        )
-    return header
-
-
-def _tenant(user: str | None, call: CallInfo, hints: LlmdHints) -> str | None:
-    """Whose share of service a request counts against: the API key it authenticated
-    with; else (auth off) the ``x-llm-d-inference-fairness-id`` header, which the
-    fleet's gateway sets; else the client's own OpenAI ``user`` field."""
-    scheme, _, key = call.http.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and key:
-        return key
-    return hints.fairness_id if hints.fairness_id is not None else user
-
-
-@dataclass(frozen=True, slots=True)
-class CallInfo:
-    """Per-HTTP-request facts the routes pass down. ``arrival_time`` is on the engine's
-    clock (seconds); ``priority_header`` is the validated ``X-Priority`` value, if any."""
-
-    request_id: str
-    arrival_time: float
-    priority_header: int | None
-    http: HTTPRequest
-
-
 @dataclass(frozen=True, slots=True)
 class ServingLimits:
     """Output-token settings of the server (``ServerConfig``): the chat default when a
@@ -117,56 +74,6 @@ class ServingLimits:
 
     default_chat_max_tokens: int | None = None
     max_tokens_limit: int | None = None
-
-
-@dataclass
-class _Job:
-    """One API request in flight: its choices and their engine streams."""
-
-    call: CallInfo
-    endpoint: str
-    prompts: list[list[int]]
-    priority: int
-    prompt_text: Any
-    hints: LlmdHints
-    choices_per_prompt: int = 1
-    constraint: ConstraintSpec | None = None
-    choices: list[ChoiceState] = field(default_factory=list)
-    streams: list[RequestStream] = field(default_factory=list)
-    status: int = 200
-    error: str | None = None
-    error_detail: str | None = None
-    closed: bool = False
-
-    def fail(self, error: APIError) -> None:
-        self.status, self.error, self.error_detail = error.status_code, error.message, error.detail
-
-    @property
-    def client_left(self) -> bool:
-        """Choices were cut short, and not by an error: the client went away."""
-        return self.error is None and not all(c.finished for c in self.choices)
-
-    def usage(self, completion_tokens: int | None = None) -> Usage:
-        """Tokens so far (``completion_tokens`` instead of the choices' current count, for
-        a chunk that reports usage as of itself). A prompt counts once however many
-        choices it has; its cached tokens are the most any of its choices found in the
-        prefix cache."""
-        prompt = sum(len(p) for p in self.prompts)
-        completion = (
-            sum(c.num_output_tokens for c in self.choices)
-            if completion_tokens is None
-            else completion_tokens
-        )
-        cached = 0
-        for start in range(0, len(self.choices), self.choices_per_prompt):
-            group = self.choices[start : start + self.choices_per_prompt]
-            cached += max(c.num_cached_tokens for c in group)
-        return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            total_tokens=prompt + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-        )
 
 
 class OpenAIServing:
@@ -182,12 +89,12 @@ class OpenAIServing:
         log_prompts: bool = False,
         limits: ServingLimits | None = None,
         tenant_classes: Mapping[str, str] | None = None,
-        tool_format: ToolCallFormat | None = None,
+        tool_parser: ToolParser | None = None,
         objectives: Mapping[str, ObjectiveConfig] | None = None,
     ) -> None:
         """``tenant_classes`` (``server.tenant_slo_classes``) maps a tenant to the SLO
         class of its requests that name none; without one the engine applies
-        ``scheduler.default_slo_class``. ``tool_format`` (``server.tool_call_parser``)
+        ``scheduler.default_slo_class``. ``tool_parser`` (``server.tool_call_parser``)
         prompts, constrains and parses tool calls; default ``hermes``. ``objectives``
         (``server.objectives``) maps an llm-d objective name to a priority and SLO
         class (``llmd.read_hints``)."""
@@ -199,7 +106,7 @@ class OpenAIServing:
         self._log_prompts = log_prompts
         self._limits = limits or ServingLimits()
         self._tenant_classes = tenant_classes or {}
-        self._tool_format = tool_format or HermesFormat()
+        self._tool_parser = tool_parser or HermesToolParser()
         self._objectives = objectives or {}
 
     def now(self) -> float:
@@ -227,7 +134,7 @@ class OpenAIServing:
         if body.echo:
             texts = [p if isinstance(p, str) else self._tokenizer.decode(p) for p in batch]
             echo = [text for text in texts for _ in range(n)]
-        fmt = CompletionFormat(
+        builder = CompletionResponseBuilder(
             f"cmpl-{call.request_id}",
             self.model_name,
             self._tokenizer,
@@ -235,7 +142,7 @@ class OpenAIServing:
             echo=echo,
         )
         priority = self._priority(body.priority, call, hints)
-        job = _Job(
+        job = Job(
             call,
             "completions",
             prompts,
@@ -245,15 +152,16 @@ class OpenAIServing:
             choices_per_prompt=n,
             constraint=completion_constraint(body),
         )
-        return await self._run(job, body, fmt, max_tokens, body.logprobs)
+        return await self._run(job, body, builder, max_tokens, body.logprobs)
 
     async def chat(self, body: ChatCompletionRequest, call: CallInfo) -> Response:
         self._check_model(body.model)
         hints = read_hints(call.http.headers, self._objectives)
-        constraint = chat_constraint(body, self._tool_format)
-        messages, tools = prompt_messages(body, self._tokenizer.renders_tools, self._tool_format)
+        # The tool parser is asked once: the prompt, a forced call's grammar, the parsers.
+        tools = self._tool_parser.for_request(body, self._tokenizer.renders_tools)
+        constraint = tools.constraint or chat_constraint(body)
         try:
-            prompt = self._tokenizer.encode_chat(messages, tools)
+            prompt = self._tokenizer.encode_chat(tools.messages, tools.template_tools)
         except ChatTemplateError as err:
             raise APIError(
                 400, f"messages: {err}", param="messages", code="invalid_value"
@@ -282,26 +190,25 @@ class OpenAIServing:
             self._check_limit(max_tokens, limit_field)
         self._check_context(prompt, max_tokens, limit_field)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        names = [t.name for t in offered_tools(body)]
-        fmt = ChatFormat(
+        builder = ChatResponseBuilder(
             f"chatcmpl-{call.request_id}",
             self.model_name,
             self._tokenizer,
             bool(body.logprobs),
-            tool_parser=(lambda: self._tool_format.parser(names)) if names else None,
+            choice_parser=tools.choice_parser,
         )
         priority = self._priority(body.priority, call, hints)
-        job = _Job(
+        job = Job(
             call,
             "chat",
             [prompt],
             priority,
-            messages,
+            tools.messages,
             hints,
             choices_per_prompt=body.n or 1,
             constraint=constraint,
         )
-        return await self._run(job, body, fmt, max_tokens, logprobs)
+        return await self._run(job, body, builder, max_tokens, logprobs)
 
     # ------------------------------------------------------------------ validation
 
@@ -396,9 +303,9 @@ class OpenAIServing:
 
     async def _run(
         self,
-        job: _Job,
+        job: Job,
         body: CompletionRequest | ChatCompletionRequest,
-        fmt: ResponseFormat,
+        builder: ResponseBuilder,
         max_tokens: int,
         logprobs: int | None,
     ) -> Response:
@@ -428,7 +335,7 @@ class OpenAIServing:
             raise
         if body.stream and job.constraint is not None:
             try:
-                if not await _unless_disconnected(job.call.http, self._started(job)):
+                if not await _unless_disconnected(job.call.http, job.started()):
                     self._close(job)
                     return Response(status_code=CLIENT_CLOSED_REQUEST)
             except Exception as exc:
@@ -438,33 +345,26 @@ class OpenAIServing:
                 raise error from None
         if body.stream:
             return _SSEResponse(
-                self._sse(job, fmt, body.include_usage_in_stream, body.continuous_usage),
+                self._sse(job, builder, body.include_usage_in_stream, body.continuous_usage),
                 on_close=lambda: self._close(job),
-                on_cancel=lambda: _cut_by_server(job),
+                on_cancel=lambda: job.cut_by_server(),
             )
-        return await self._respond(job, fmt)
+        return await self._respond(job, builder)
 
     @staticmethod
-    async def _started(job: _Job) -> None:
-        """Wait until every choice has its first output or has ended; raises the first
-        choice's error (a constraint that failed to compile fails the whole request)."""
-        waits = [asyncio.ensure_future(stream.peek()) for stream in job.streams]
-        try:
-            await asyncio.gather(*waits)
-        finally:
-            for wait in waits:  # the rest, once one has failed (peeking consumes nothing)
-                wait.cancel()
-
-    @staticmethod
-    def _api_error(job: _Job, exc: BaseException) -> APIError:
+    def _api_error(job: Job, exc: BaseException) -> APIError:
         """``to_api_error``, with a constraint error naming the field it came from."""
-        if isinstance(exc, ConstraintError) and exc.param is None and job.constraint is not None:
-            exc = ConstraintError(str(exc), param=job.constraint.source)
+        if (
+            isinstance(exc, InvalidConstraintError)
+            and exc.param is None
+            and job.constraint is not None
+        ):
+            exc = InvalidConstraintError(str(exc), param=job.constraint.source)
         return to_api_error(exc)
 
     async def _submit(
         self,
-        job: _Job,
+        job: Job,
         index: int,
         request_id: str,
         prompt: list[int],
@@ -472,10 +372,10 @@ class OpenAIServing:
         body: CompletionRequest | ChatCompletionRequest,
     ) -> None:
         hints = job.hints
-        tenant = _tenant(body.user, job.call, hints)
+        tenant = job.call.tenant(body.user, hints)
         # The request's own class, then its llm-d objective's, then its tenant's; the
         # engine applies ``default_slo_class`` to one that still names none.
-        slo_class = _slo_class(body.slo_class, job.call)
+        slo_class = job.call.slo_class(body.slo_class)
         if slo_class is None:
             slo_class = hints.slo_class
         if slo_class is None and tenant is not None:
@@ -496,48 +396,11 @@ class OpenAIServing:
         job.streams.append(await self._engine.submit(request))
         job.choices.append(choice)
 
-    async def _deltas(self, job: _Job) -> AsyncGenerator[ChoiceDelta, None]:
-        """Deltas of every choice in arrival order. Raises the first ``EngineError`` of any
-        choice; every engine request still running is aborted when iteration ends."""
-        merged: asyncio.Queue[ChoiceDelta | Exception | None] = asyncio.Queue()
-        clock = self._engine.clock
-
-        async def pump(choice: ChoiceState, stream: RequestStream) -> None:
-            try:
-                async for output in stream:
-                    merged.put_nowait(choice.advance(output, clock.now()))
-                    if choice.finished:
-                        break
-                merged.put_nowait(None)
-            except Exception as exc:
-                merged.put_nowait(exc)
-            finally:
-                stream.close()  # aborts a choice cut short by a stop string
-
-        tasks = [
-            asyncio.create_task(pump(c, s)) for c, s in zip(job.choices, job.streams, strict=True)
-        ]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                item = await merged.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, Exception):
-                    raise item
-                else:
-                    yield item
-        finally:
-            for task in tasks:
-                task.cancel()
-            for stream in job.streams:
-                stream.close()
-
-    async def _respond(self, job: _Job, fmt: ResponseFormat) -> Response:
+    async def _respond(self, job: Job, builder: ResponseBuilder) -> Response:
         deltas: list[ChoiceDelta] = []
 
         async def collect() -> None:
-            async with contextlib.aclosing(self._deltas(job)) as stream:
+            async with contextlib.aclosing(job.deltas(self._engine.clock)) as stream:
                 async for delta in stream:
                     deltas.append(delta)
 
@@ -550,27 +413,27 @@ class OpenAIServing:
             raise error from None
         finally:
             self._close(job)
-        body = fmt.response(deltas, len(job.choices), job.usage())
+        body = builder.response(deltas, len(job.choices), job.usage())
         return JSONResponse(body.model_dump(mode="json"))
 
     async def _sse(
-        self, job: _Job, fmt: ResponseFormat, include_usage: bool, continuous_usage: bool
+        self, job: Job, builder: ResponseBuilder, include_usage: bool, continuous_usage: bool
     ) -> AsyncIterator[str]:
         try:
-            for chunk in fmt.stream_start(len(job.choices)):
+            for chunk in builder.stream_start(len(job.choices)):
                 yield _sse_data(chunk, job.usage() if continuous_usage else None)
             # Tokens per choice as of the deltas sent so far: the choices themselves may
             # already be further along than the delta being sent.
             sent: dict[int, int] = {}
-            async with contextlib.aclosing(self._deltas(job)) as stream:
+            async with contextlib.aclosing(job.deltas(self._engine.clock)) as stream:
                 async for delta in stream:
                     sent[delta.index] = delta.num_output_tokens
-                    piece = None if delta.is_empty else fmt.stream_chunk(delta)
+                    piece = None if delta.is_empty else builder.stream_chunk(delta)
                     if piece is not None:
                         usage = job.usage(sum(sent.values())) if continuous_usage else None
                         yield _sse_data(piece, usage)
             if include_usage:
-                yield _sse_data(fmt.stream_usage(job.usage()))
+                yield _sse_data(builder.stream_usage(job.usage()))
         except Exception as exc:
             # Headers are sent: the error travels as a final event, as OpenAI does.
             error = self._api_error(job, exc)
@@ -580,7 +443,7 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _close(self, job: _Job) -> None:
+    def _close(self, job: Job) -> None:
         """Abort what still runs, record metrics, log one line, release the slot.
         Idempotent: both the response and its stream may call it."""
         if job.closed:
@@ -629,13 +492,6 @@ class OpenAIServing:
             entry["prompt"] = job.prompt_text
         logger.info(json.dumps(entry))
         mark_logged(job.call.http.scope)
-
-
-def _cut_by_server(job: _Job) -> None:
-    """The server cancelled a stream it could not end in time (a forced exit): log it
-    as the server's end, not as a client that left."""
-    if job.error is None and not all(c.finished for c in job.choices):
-        job.fail(APIError(503, "the server shut down before the response completed"))
 
 
 def _untokenizable(param: str, exc: Exception) -> APIError:

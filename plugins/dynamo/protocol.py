@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.common.async_engine import ConstraintError, RequestShedError
+from orchestrator.common.async_engine import InvalidConstraintError, RequestShedError
 from orchestrator.core import (
     AdmissionError,
     ConstraintKind,
@@ -388,7 +388,7 @@ def map_error(exc: BaseException) -> MappedError:
     stops routing to this worker; any other failure is internal, its details kept out of
     the message.
     """
-    if isinstance(exc, UnsupportedFieldError | ConstraintError):
+    if isinstance(exc, UnsupportedFieldError | InvalidConstraintError):
         return MappedError(DynamoErrorKind.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, AdmissionError):
         message = f"{exc.param}: {exc}" if exc.param else str(exc)

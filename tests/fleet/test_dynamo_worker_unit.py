@@ -21,7 +21,7 @@ import pytest
 
 from orchestrator.common.async_engine import (
     AsyncEngine,
-    ConstraintError,
+    InvalidConstraintError,
     RequestAbortedError,
     RequestFailedError,
     RequestShedError,
@@ -361,7 +361,11 @@ class FakeExceptions:
         (OverloadedError("queue full", 2.2, "queue_full"), DynamoErrorKind.RATE_LIMITED, 429),
         (EngineDeadError("dead"), DynamoErrorKind.ENGINE_SHUTDOWN, 503),
         (SubmissionFailedError("could not"), DynamoErrorKind.INTERNAL, 500),
-        (ConstraintError("response_format: bad schema"), DynamoErrorKind.INVALID_ARGUMENT, 400),
+        (
+            InvalidConstraintError("response_format: bad schema"),
+            DynamoErrorKind.INVALID_ARGUMENT,
+            400,
+        ),
         (RequestShedError("too late", "ttft_deadline_passed"), DynamoErrorKind.UNAVAILABLE, 503),
         (RequestFailedError("could not complete"), DynamoErrorKind.INTERNAL, 500),
         (RequestAbortedError("aborted"), DynamoErrorKind.INTERNAL, 500),

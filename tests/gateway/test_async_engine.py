@@ -14,7 +14,7 @@ import pytest
 from orchestrator.common.async_engine import (
     INVALID_CONSTRAINT,
     AsyncEngine,
-    ConstraintError,
+    InvalidConstraintError,
     RequestFailedError,
     RequestShedError,
     RequestStream,
@@ -340,7 +340,7 @@ async def test_an_invalid_constraint_ending_raises_a_constraint_error() -> None:
             "r", (), reason=FinishReason.ERROR, error="schema too deep", code=INVALID_CONSTRAINT
         )
     )
-    with pytest.raises(ConstraintError, match="schema too deep"):
+    with pytest.raises(InvalidConstraintError, match="schema too deep"):
         await stream.peek()
     other = RequestStream("s", lambda request_id: None)
     other.put(

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.gateway.lifecycle import GatewayLifecycle
-from orchestrator.gateway.protocol import (
+from orchestrator.gateway.protocol.shared import (
     MAX_CHOICES,
     MAX_LOGPROBS,
     MAX_STOP_STRINGS,

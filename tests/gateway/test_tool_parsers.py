@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from orchestrator.core import ConstraintKind, ConstraintSpec
 from orchestrator.gateway.config import ServerConfig, ToolCallParserName
-from orchestrator.gateway.protocol import FunctionDefinition
-from orchestrator.gateway.tool_parsers import TOOL_CALL_FORMATS, HermesFormat, Parsed
+from orchestrator.gateway.protocol.chat import FunctionDefinition
+from orchestrator.gateway.tool_parsers import TOOL_PARSERS
+from orchestrator.gateway.tool_parsers.calls import Parsed
+from orchestrator.gateway.tool_parsers.hermes import HermesToolParser
 from tests.gateway.constrained import grammar_accepts
 
 NAMES = ["get_weather", "get_time"]
@@ -23,7 +25,7 @@ NAMES = ["get_weather", "get_time"]
 
 def run(text: str, cuts: list[int]) -> tuple[str, list[tuple[str, str]]]:
     """Feed ``text`` cut at ``cuts``; the content and each call's (name, arguments)."""
-    parser = HermesFormat().parser(NAMES)
+    parser = HermesToolParser().parser(NAMES)
     out = Parsed()
     start = 0
     for cut in [*cuts, len(text)]:
@@ -90,7 +92,7 @@ def test_every_split_reads_like_the_whole_text(
 
 
 def test_arguments_stream_before_the_call_closes() -> None:
-    parser = HermesFormat().parser(NAMES)
+    parser = HermesToolParser().parser(NAMES)
     first = parser.push('<tool_call>\n{"name": "get_weather", "arguments": {"ci')
     assert first.calls[0].name == "get_weather" and first.calls[0].id
     assert "".join(p.arguments for p in first.calls) == '{"ci'
@@ -111,7 +113,9 @@ TIME = FunctionDefinition(name="get_time")
 
 
 def grammar(parallel: bool, *tools: FunctionDefinition) -> ConstraintSpec:
-    return ConstraintSpec(ConstraintKind.GRAMMAR, HermesFormat().grammar(tools, parallel), "tools")
+    return ConstraintSpec(
+        ConstraintKind.GRAMMAR, HermesToolParser().grammar(tools, parallel), "tools"
+    )
 
 
 def test_the_grammar_forces_calls_to_offered_tools_with_their_schemas() -> None:
@@ -133,8 +137,8 @@ def test_the_grammar_forces_calls_to_offered_tools_with_their_schemas() -> None:
 
 
 def test_the_registry_holds_exactly_the_names_the_config_accepts() -> None:
-    assert set(TOOL_CALL_FORMATS) == set(typing.get_args(ToolCallParserName))
-    assert all(fmt.name == name for name, fmt in TOOL_CALL_FORMATS.items())
+    assert set(TOOL_PARSERS) == set(typing.get_args(ToolCallParserName))
+    assert all(fmt.name == name for name, fmt in TOOL_PARSERS.items())
     with pytest.raises(ValueError, match="tool_call_parser"):
         ServerConfig(tool_call_parser="nonexistent")  # type: ignore[arg-type]
 

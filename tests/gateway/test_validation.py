@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.core import EngineCore, Submission
-from orchestrator.gateway.protocol import MAX_STOP_LENGTH
+from orchestrator.gateway.protocol.shared import MAX_STOP_LENGTH
 from tests.gateway.support import (
     MODEL,
     TimedExecutor,

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core import SamplingParams
-from orchestrator.gateway.protocol import MAX_LOGPROBS, SEED_MAX, SEED_MIN, TOP_K_MAX
+from orchestrator.gateway.protocol.shared import MAX_LOGPROBS, SEED_MAX, SEED_MIN, TOP_K_MAX
 from plugins.torch_executor.sampler import MIN_TEMPERATURE, Sampler, SampleRow, filtered_probs
 
 temperatures = st.one_of(

@@ -1,100 +1,22 @@
-"""Tool-call formats of model families, by the name ``server.tool_call_parser`` gives
-(vLLM's and trtllm-serve's ``--tool-call-parser`` names).
-
-A format knows four things about its family: how to describe the tools in a prompt
-whose chat template cannot (``system_prompt``), how to write earlier calls and tool
-results into the history (``render_history``), the Lark grammar (llguidance's dialect)
-that forces a call (``grammar``), and how to read calls back out of generated text,
-token by token (``parser``). The grammar is only text here: the executor compiles it.
-"""
+"""Hermes' tool-call format (NousResearch Hermes 2 Pro; vLLM's ``hermes`` parser), the
+one SmolLM2 was tuned on, and its streaming parser."""
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from orchestrator.gateway.protocol import FunctionDefinition
-
-# An omitted ``parameters`` means any JSON object (OpenAI's functions without a schema).
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
-CALL_ID_HEX = 24  # characters of randomness in a call id ("call_" + hex)
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:CALL_ID_HEX]}"
-
-
-@dataclass(frozen=True, slots=True)
-class CallPiece:
-    """A piece of a streamed call. ``index`` counts the choice's calls from 0; the
-    first piece of a call carries ``id`` and ``name``; ``arguments`` is the next
-    stretch of its arguments text (possibly empty)."""
-
-    index: int
-    arguments: str
-    id: str | None = None
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class Parsed:
-    """What a stretch of generated text turned into: plain ``content`` and call pieces."""
-
-    content: str = ""
-    calls: list[CallPiece] = field(default_factory=list)
-
-    def extend(self, other: Parsed) -> None:
-        self.content += other.content
-        self.calls.extend(other.calls)
-
-
-class ToolCallParser(Protocol):
-    """Reads one choice's text, in pieces, into content and calls. ``push`` returns
-    what can be told so far; ``finish`` (once, at the end) returns the rest.
-    ``num_calls`` counts the calls found. Pushing a text whole or in any split gives
-    the same content and the same calls."""
-
-    @property
-    def num_calls(self) -> int: ...
-
-    def push(self, text: str) -> Parsed: ...
-
-    def finish(self) -> Parsed: ...
-
-
-class ToolCallFormat(Protocol):
-    name: str
-
-    def system_prompt(self, tools: Sequence[FunctionDefinition]) -> str:
-        """The tools described for a system message, for templates that cannot."""
-        ...
-
-    def render_history(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The messages with earlier calls and tool results written as text, as the
-        family writes them, so a template that knows only text renders them."""
-        ...
-
-    def grammar(self, tools: Sequence[FunctionDefinition], parallel: bool) -> str:
-        """A Lark grammar whose sentences are one call (``parallel``: one or more) of
-        one of ``tools``, each call's arguments held to that tool's schema."""
-        ...
-
-    def parser(self, names: Sequence[str]) -> ToolCallParser:
-        """A parser for one choice; ``names`` are the tools a call may name."""
-        ...
-
-
-# ---------------------------------------------------------------------- hermes
-
+from orchestrator.gateway.protocol.chat import FunctionDefinition
+from orchestrator.gateway.tool_parsers.base import ANY_OBJECT, ToolParser
+from orchestrator.gateway.tool_parsers.calls import CallPiece, ChoiceParser, Parsed, new_call_id
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
 
 
-class HermesFormat:
+class HermesToolParser(ToolParser):
     """Hermes' format (NousResearch Hermes 2 Pro; vLLM's ``hermes`` parser), also what
     SmolLM2 was tuned on: each call is ``<tool_call>`` + a JSON object ``{"name": ...,
     "arguments": {...}}`` + ``</tool_call>``; tools are listed as JSON inside
@@ -161,8 +83,8 @@ class HermesFormat:
         start = 'start: call ("\\n" call)*' if parallel else "start: call"
         return "\n".join([start, f"call: {calls}", *rules]) + "\n"
 
-    def parser(self, names: Sequence[str]) -> ToolCallParser:
-        return HermesParser(names)
+    def parser(self, names: Sequence[str]) -> ChoiceParser:
+        return HermesChoiceParser(names)
 
 
 @dataclass(slots=True)
@@ -258,7 +180,7 @@ def _scan_object(text: str) -> _Fields:
         i += 1
 
 
-class HermesParser:
+class HermesChoiceParser:
     """Content passes through; a ``<tool_call>`` block becomes a call as soon as its
     ``name`` is a known tool, and its ``arguments`` object streams out as the model
     writes it. A block that names no known tool (or is not JSON) is content, as the
@@ -407,20 +329,3 @@ class HermesParser:
                 self._num_calls += 1
             return
         out.content += self._dropped + HERMES_OPEN + inner + HERMES_CLOSE
-
-
-# ---------------------------------------------------------------------- registry
-
-# Keyed by the names ``server.tool_call_parser`` accepts (``ToolCallParserName`` in
-# config.py lists the same; a test keeps the two equal).
-TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {"hermes": HermesFormat()}
-
-
-def tool_call_format(name: str) -> ToolCallFormat:
-    """The format named ``name``; ``KeyError`` naming the known ones otherwise."""
-    try:
-        return TOOL_CALL_FORMATS[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown tool_call_parser {name!r}; known: {', '.join(TOOL_CALL_FORMATS)}"
-        ) from None
