@@ -31,11 +31,11 @@ from orchestrator.gateway.protocol.shared import (
     FinishReasonLiteral,
     GenerationRequest,
     RequestPart,
+    ResponseObject,
     Usage,
     accept_only,
     cross_field_error,
     schema_problem,
-    unix_time,
 )
 
 
@@ -407,11 +407,8 @@ class ChatChoice(BaseModel):
     finish_reason: FinishReasonLiteral | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(ResponseObject):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=unix_time)
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 
@@ -450,10 +447,7 @@ class ChatChunkChoice(BaseModel):
     finish_reason: FinishReasonLiteral | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(ResponseObject):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=unix_time)
-    model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None

@@ -13,13 +13,13 @@ from orchestrator.gateway.protocol.shared import (
     MAX_PROMPTS,
     FinishReasonLiteral,
     GenerationRequest,
+    ResponseObject,
     TokenId,
     Usage,
     accept_only,
     are_token_ids,
     cross_field_error,
     is_token_id,
-    unix_time,
 )
 
 PromptTokens = Annotated[list[TokenId], Field(min_length=1)]
@@ -102,10 +102,7 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReasonLiteral | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(ResponseObject):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=unix_time)
-    model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None

@@ -454,6 +454,17 @@ def unix_time() -> int:
     return int(time.time())
 
 
+class ResponseObject(BaseModel):
+    """What a generation response or chunk begins with, in this order: its ``id``, its
+    ``object`` type (each subclass fixes it), its creation time (Unix seconds) and the
+    ``model``."""
+
+    id: str
+    object: str
+    created: int = Field(default_factory=unix_time)
+    model: str
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
