@@ -25,7 +25,27 @@ The model, from the scheduler's state at a submission (``view.SchedulerView``):
 
 The model is deliberately simple (no KV pressure; arrivals at their mean rate, in
 prompts of their mean length); the engine tracks its error against the TTFTs that
-follow (``EngineStats.ttft_prediction_error``).
+follow (``EngineStats.ttft_prediction_error``). Two more simplifications, both
+measured against the scheduler: ``D`` counts every running request, so one still in
+its prompt (which takes a chunk, not a decode token) is charged a token of every step's
+prefill budget, and the forecast runs late behind running prompts; and only the
+running requests free slots, so in a batch filled by requests that entered from the
+queue after the forecast (a small ``max_batch_size`` behind a long queue) the forecast
+runs early, by as long as those requests hold their slots.
+
+The forecast is checked against the strategy it imitates, not derived from it:
+``tests/unit/test_forecast_vs_strategy.py`` runs the real ``Scheduler`` and its
+continuous batching on generated queues (a fake executor, one second a step, which
+the predictor knows) and compares each queued request's first token with
+``first_token_s``: equal where the model is exact (queued requests that end on their
+first token behind running decodes, batch cap and KV pool out of reach), and no earlier
+and at most ``ceil(ahead x wait / P)`` steps later where queued requests go on to
+decode (each request ahead then takes a token a step that the model leaves to
+prefill). One pure function for both was the other way, and was not taken: a step
+allocates blocks, preempts and moves requests between queues as it decides, while the
+forecast replays thousands of steps ahead on expected output lengths and mean arrival
+rates; a function both could call would carry the forecast's assumptions into the
+hottest path or the scheduler's mutable state into the forecast.
 """
 
 from __future__ import annotations
