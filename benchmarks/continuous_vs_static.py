@@ -45,11 +45,11 @@ from orchestrator.core import (
     EngineCore,
     ModelConfig,
     SamplingParams,
-    ScheduledRequest,
     SchedulerConfig,
     SchedulerOutput,
     Submission,
     WallClock,
+    shape_plan,
 )
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR
@@ -199,16 +199,9 @@ def median_time(fn: Callable[[], object], repeats: int = 5) -> float:
 
 
 def decode_plan(batch: int, context: int) -> SchedulerOutput:
-    """One decode token per request at position ``context``; request i owns blocks
-    ``[i * k, (i + 1) * k)``. Cache contents do not change the step's cost."""
-    k = -(-(context + 1) // BLOCK_SIZE)
-    greedy = SamplingParams(temperature=0)
-    return SchedulerOutput(
-        [
-            ScheduledRequest(f"d{i}", [17], context, list(range(i * k, (i + 1) * k)), True, greedy)
-            for i in range(batch)
-        ]
-    )
+    """One decode token per request at position ``context``, each request on blocks of
+    its own (``shape_plan``). Cache contents do not change the step's cost."""
+    return shape_plan([(1, context)] * batch, BLOCK_SIZE)
 
 
 class DenseAttention:

@@ -48,7 +48,7 @@ from typing import Literal
 import torch
 
 from orchestrator.common.model_source import resolve_source
-from orchestrator.core import ModelConfig, SamplingParams, ScheduledRequest, SchedulerOutput
+from orchestrator.core import ModelConfig, SchedulerOutput, shape_plan
 from plugins.torch_executor import TorchExecutor, kernel_build
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR
 from plugins.torch_executor.cpu_features import cpu_model, detect
@@ -61,7 +61,6 @@ DECODE_BATCHES = (1, 16, 64)
 DECODE_CONTEXT = 256  # tokens already cached when the decode step runs
 PREFILL_CHUNKS = (256, 512)
 GEMM_SIZE = 2048
-GREEDY = SamplingParams(temperature=0)
 
 
 def timed(fn: Callable[[], object], device: torch.device) -> float:
@@ -95,20 +94,13 @@ class Probe:
 
 
 def decode_plan(batch: int, context: int) -> SchedulerOutput:
-    """One decode token per request at position ``context``; request i owns blocks
-    ``[i * k, (i + 1) * k)``. Cache contents do not change the step's cost."""
-    k = -(-(context + 1) // BLOCK_SIZE)
-    return SchedulerOutput(
-        [
-            ScheduledRequest(f"d{i}", [17], context, list(range(i * k, (i + 1) * k)), True, GREEDY)
-            for i in range(batch)
-        ]
-    )
+    """One decode token per request at position ``context``, each request on blocks of
+    its own (``shape_plan``). Cache contents do not change the step's cost."""
+    return shape_plan([(1, context)] * batch, BLOCK_SIZE)
 
 
 def prefill_plan(tokens: int) -> SchedulerOutput:
-    table = list(range(-(-tokens // BLOCK_SIZE)))
-    return SchedulerOutput([ScheduledRequest("p", [17] * tokens, 0, table, True, GREEDY)])
+    return shape_plan([(tokens, 0)], BLOCK_SIZE)
 
 
 def layer_params(weights: LlamaWeights) -> int:

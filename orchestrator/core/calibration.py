@@ -31,7 +31,16 @@ def shape_plan(shape: Shape, block_size: int) -> SchedulerOutput:
         blocks = math.ceil((cached + n) / block_size)
         table = list(range(block, block + blocks))
         block += blocks
-        scheduled.append(ScheduledRequest(f"cal-{i}", [1] * n, cached, table, True, params))
+        scheduled.append(
+            ScheduledRequest(
+                request_id=f"cal-{i}",
+                token_ids=[1] * n,
+                start_position=cached,
+                block_table=table,
+                sample=True,
+                sampling=params,
+            )
+        )
     return SchedulerOutput(scheduled=scheduled)
 
 

@@ -1,9 +1,16 @@
 """What the scheduler decides each step: plain data, the only thing an executor sees.
 
 Executors never import or mutate ``Request``; they read a ``SchedulerOutput`` and
-answer with a ``StepResult``. Per-request records are NamedTuples: immutable and cheap
-to build, since the scheduler makes one per running request per step. The torch executor, the simulator and the TensorRT-LLM
+answer with a ``StepResult``. The torch executor, the simulator and the TensorRT-LLM
 adapter all consume the same decision.
+
+The per-request records (``ScheduledRequest``, ``RequestOutput``) are keyword-only
+slotted dataclasses: every field is named where a record is built, and a build is one
+slot store per field, since the scheduler makes one of each per running request per
+step. They are not frozen (a frozen dataclass sets each field through
+``object.__setattr__``, several times the cost of a slot store, on the hottest path):
+the core hands each record out once and never touches it again, and readers treat
+them as read-only.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from typing import NamedTuple
 from orchestrator.core.request import FinishReason, SamplingParams
 
 
-class ScheduledRequest(NamedTuple):
+@dataclass(slots=True, kw_only=True)
+class ScheduledRequest:
     """One request's share of a step.
 
     ``token_ids`` sit at positions ``start_position .. start_position + len(token_ids) - 1``.
@@ -157,7 +165,8 @@ class StepResult:
     kv_free_blocks: int | None = None
 
 
-class RequestOutput(NamedTuple):
+@dataclass(slots=True, kw_only=True)
+class RequestOutput:
     """What one step produced for one request: its new token (if it sampled) and, when it
     ended, why. ``new_logprobs`` is parallel to ``new_token_ids`` when logprobs were
     asked for, else empty. ``num_output_tokens`` is the total so far. ``error`` says why

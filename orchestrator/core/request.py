@@ -219,12 +219,6 @@ class Request:
         cached = self.num_expected_cached_tokens if self.num_computed_tokens == 0 else 0
         return self.num_uncomputed_tokens - cached
 
-    @property
-    def plan_facts(self) -> tuple[int, str | None, str | None, float]:
-        """``(priority, slo_class, tenant, arrival_time)``: what a plan entry carries of
-        the request beyond its tokens (``ScheduledRequest``'s last fields, in order)."""
-        return (self.priority, self.slo_class, self.tenant, self.arrival_time)
-
     def token_ids(self, start: int, stop: int) -> list[int]:
         """Token ids at positions ``[start, stop)`` of prompt followed by output."""
         n_prompt = len(self.prompt_token_ids)

@@ -562,8 +562,18 @@ def generate(executor: Any, block_size: int, prompt: list[int], max_tokens: int)
     out: list[int] = []
     start, chunk = 0, list(prompt)
     while len(out) < max_tokens:
-        table = list(range(-(-len(tokens) // block_size)))
-        plan = SchedulerOutput([ScheduledRequest("check", chunk, start, table, True, sampling)])
+        plan = SchedulerOutput(
+            [
+                ScheduledRequest(
+                    request_id="check",
+                    token_ids=chunk,
+                    start_position=start,
+                    block_table=list(range(-(-len(tokens) // block_size))),
+                    sample=True,
+                    sampling=sampling,
+                )
+            ]
+        )
         result = executor.execute(plan)
         if "check" in result.failed:
             raise RuntimeError(result.failed["check"])

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from orchestrator.core.executor import Executor
-from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
+from tests.factories import plan_entry
 
 
 @dataclass
@@ -62,7 +63,7 @@ def generate(
             while len(s.blocks) * block_size < end:
                 s.blocks.append(free.pop(0))
             scheduled.append(
-                ScheduledRequest(
+                plan_entry(
                     rid,
                     known[s.computed : end],
                     s.computed,

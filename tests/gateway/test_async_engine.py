@@ -184,7 +184,9 @@ class ErrorForOne(EngineCore):
         for output in step.outputs:
             if output.request_id == self.victim and output.num_output_tokens == 2:
                 self.abort(self.victim)
-                output = output._replace(finished=True, finish_reason=FinishReason.ERROR)
+                output = dataclasses.replace(
+                    output, finished=True, finish_reason=FinishReason.ERROR
+                )
             outputs.append(output)
         return dataclasses.replace(step, outputs=outputs)
 
@@ -307,13 +309,13 @@ async def test_an_abort_that_raises_is_logged_and_the_engine_runs_on(
 def _output(request_id: str, tokens: tuple[int, ...], **end: object) -> RequestOutput:
     finished = bool(end)
     return RequestOutput(
-        request_id,
-        tokens,
-        (),
-        finished,
-        end.get("reason"),
-        3,
-        len(tokens),  # type: ignore[arg-type]
+        request_id=request_id,
+        new_token_ids=tokens,
+        new_logprobs=(),
+        finished=finished,
+        finish_reason=end.get("reason"),
+        num_prompt_tokens=3,
+        num_output_tokens=len(tokens),  # type: ignore[arg-type]
         error=end.get("error"),
         error_code=end.get("code"),  # type: ignore[arg-type]
     )

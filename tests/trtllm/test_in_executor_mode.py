@@ -22,6 +22,7 @@ from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.facts import RequestFacts
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
 from plugins.trtllm.llm_api.executor import TrtllmLlmApiExecutor
+from tests.factories import plan_entry
 from tests.trtllm import fake_llmapi
 from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.conftest import LlmCalls, spy_llmapi
@@ -157,14 +158,23 @@ def test_tensor_parallel_is_accepted_and_pipeline_parallel_refused_with_the_way_
 def test_a_plans_facts_reach_the_channel_under_the_llms_request_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.core.output import ScheduledRequest, SchedulerOutput
+    from orchestrator.core.output import SchedulerOutput
 
     calls = LlmCalls()
     executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch)
     try:
         sampling = SamplingParams(max_tokens=2, temperature=0)
-        planned = ScheduledRequest(
-            "r", prompt_of(4, 3), 0, [0], True, sampling, 2, "chat", "acme", 4.5
+        planned = plan_entry(
+            "r",
+            prompt_of(4, 3),
+            0,
+            [0],
+            True,
+            sampling,
+            2,
+            slo_class="chat",
+            tenant="acme",
+            arrival_time=4.5,
         )
         executor.execute(SchedulerOutput([planned]))
         output = calls.submitted[-1][2]

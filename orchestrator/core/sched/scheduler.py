@@ -289,14 +289,17 @@ class Scheduler:
         start = request.num_computed_tokens
         rid = request.request_id
         step.scheduled[rid] = ScheduledRequest(
-            rid,
-            request.token_ids(start, start + n),
-            start,
-            self.kv.block_table_snapshot(rid),
-            start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
-            request.sampling,
-            *request.plan_facts,
-            request.constraint_handle,
+            request_id=rid,
+            token_ids=request.token_ids(start, start + n),
+            start_position=start,
+            block_table=self.kv.block_table_snapshot(rid),
+            sampling=request.sampling,
+            sample=start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
+            priority=request.priority,
+            slo_class=request.slo_class,
+            tenant=request.tenant,
+            arrival_time=request.arrival_time,
+            constraint=request.constraint_handle,
         )
         step.budget -= n
 
@@ -378,16 +381,15 @@ class Scheduler:
             logprobs = all_logprobs.get(rid) if all_logprobs else None
             outputs.append(
                 RequestOutput(
-                    rid,
-                    (token,),
-                    (logprobs,) if logprobs is not None else (),
-                    status is not None,
-                    FINISH_REASONS.get(status) if status is not None else None,
-                    n_prompt,
-                    n_out,
-                    None,
-                    request.first_scheduled_time,
-                    request.num_cached_prompt_tokens,
+                    request_id=rid,
+                    new_token_ids=(token,),
+                    new_logprobs=(logprobs,) if logprobs is not None else (),
+                    finished=status is not None,
+                    finish_reason=FINISH_REASONS.get(status) if status is not None else None,
+                    num_prompt_tokens=n_prompt,
+                    num_output_tokens=n_out,
+                    first_scheduled_time=request.first_scheduled_time,
+                    num_cached_tokens=request.num_cached_prompt_tokens,
                 )
             )
         return finished

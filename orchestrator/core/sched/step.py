@@ -59,15 +59,15 @@ class Outbox:
 def error_output(request: Request, error: str, code: str | None = None) -> RequestOutput:
     """The final output of a request ended with ``error`` (reason ``code``, if any)."""
     return RequestOutput(
-        request.request_id,
-        (),
-        (),
-        True,
-        FINISH_REASONS[RequestStatus.FINISHED_ERROR],
-        len(request.prompt_token_ids),
-        len(request.output_token_ids),
-        error,
-        request.first_scheduled_time,
-        request.num_cached_prompt_tokens,
-        code,
+        request_id=request.request_id,
+        new_token_ids=(),
+        new_logprobs=(),
+        finished=True,
+        finish_reason=FINISH_REASONS[RequestStatus.FINISHED_ERROR],
+        num_prompt_tokens=len(request.prompt_token_ids),
+        num_output_tokens=len(request.output_token_ids),
+        error=error,
+        first_scheduled_time=request.first_scheduled_time,
+        num_cached_tokens=request.num_cached_prompt_tokens,
+        error_code=code,
     )
