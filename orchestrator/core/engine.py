@@ -306,9 +306,8 @@ class EngineCore:
         return EngineStep(outputs, plan, start, result.duration_s, result.cost)
 
     def stats(self) -> EngineStats:
-        s, slo = self.scheduler, self.scheduler.slo
-        outcomes = s.admission.outcomes
-        outcomes.update()
+        s = self.scheduler
+        slo = s.slo.figures()
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -316,23 +315,12 @@ class EngineCore:
             kv_blocks_total=s.kv.num_blocks,
             num_preemptions=s.num_preemptions,
             step_time_error=self.step_time_errors.median,
-            ttft_prediction_error=slo.ttft_errors.median,
+            ttft_prediction_error=slo.ttft_prediction_error,
             predictor_state=s.predictor.state,
             num_shed=slo.num_shed,
-            rejections=tuple(
-                (slo_class or "", code, count)
-                for (slo_class, code), count in sorted(
-                    slo.rejections.items(), key=lambda item: (item[0][0] or "", item[0][1])
-                )
-            ),
-            ttft_prediction_error_by_class=tuple(
-                (name, error)
-                for name, window in sorted(slo.ttft_errors_by_class.items())
-                if (error := window.median) is not None
-            ),
-            regretted_refusals=tuple(
-                sorted((slo_class or "", n) for slo_class, n in outcomes.regretted.items())
-            ),
+            rejections=slo.rejections,
+            ttft_prediction_error_by_class=slo.ttft_prediction_error_by_class,
+            regretted_refusals=s.admission.outcomes.regretted_refusals(),
         )
 
     def dump_state(self) -> str:

@@ -5,8 +5,11 @@ by, and refusals that proved needless), and the SLO-derived token budget.
 ``SloTracker`` owns this state, but for ``TtftOutcomes``, which the admission policy
 owns (it reads the requests' own first-token and finish times, so it needs no hook);
 the scheduler calls the tracker through named hooks (on submit, on refusal, on queueing,
-on a first token, at the start of a step) and never reaches into it. Every hook is cheap when no SLO class is configured: a request without a class
-has no deadline to shed and no prediction to check.
+on a first token, at the start of a step) and never reaches into it, and the engine reads
+the figures each keeps through a method (``SloTracker.figures``,
+``TtftOutcomes.regretted_refusals``). Every hook is cheap when no SLO class is
+configured: a request without a class has no deadline to shed and no prediction to
+check.
 """
 
 from __future__ import annotations
@@ -259,6 +262,12 @@ class TtftOutcomes:
         if self._refusals:
             self._refusals = deque(r for r in self._refusals if not self._settle(r))
 
+    def regretted_refusals(self) -> tuple[tuple[str, int], ...]:
+        """``(slo_class, count)`` of the regretted refusals so far, by class (``""`` for
+        requests without one), after harvesting what has happened since the last call."""
+        self.update()
+        return tuple(sorted((name or "", n) for name, n in self.regretted.items()))
+
     def _settle(self, refusal: _Refusal) -> bool:
         """Whether ``refusal``'s outcome is known now (counted if so)."""
         ahead = refusal.ahead
@@ -273,6 +282,20 @@ class TtftOutcomes:
         if refusal.drained + refusal.own_s <= refusal.deadline:
             self.regretted[name] = self.regretted.get(name, 0) + 1
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class SloFigures:
+    """What the SLO bookkeeping reports (``EngineStats`` carries each figure): the median
+    relative TTFT prediction error, overall (``None`` before the first checked
+    prediction) and ``(slo_class, error)`` per class that has one; waiting requests
+    shed past their deadline; refusals as ``(slo_class, code, count)`` (class ``""``
+    for requests without one), sorted."""
+
+    ttft_prediction_error: float | None
+    ttft_prediction_error_by_class: tuple[tuple[str, float], ...]
+    num_shed: int
+    rejections: tuple[tuple[str, str, int], ...]
 
 
 class SloTracker:
@@ -301,6 +324,21 @@ class SloTracker:
         self.rejections: dict[tuple[str | None, str], int] = {}
         self.num_shed = 0
         self.output_lengths = OutputLengths()
+
+    def figures(self) -> SloFigures:
+        """A snapshot of the figures this tracker keeps, for the engine's stats."""
+        return SloFigures(
+            ttft_prediction_error=self.ttft_errors.median,
+            ttft_prediction_error_by_class=tuple(
+                (name, error)
+                for name, window in sorted(self.ttft_errors_by_class.items())
+                if (error := window.median) is not None
+            ),
+            num_shed=self.num_shed,
+            rejections=tuple(
+                sorted((c or "", code, n) for (c, code), n in self.rejections.items())
+            ),
+        )
 
     def on_submit(self, request: Request) -> None:
         """Give a new request its class: its own, else ``default_slo_class``;
