@@ -50,7 +50,8 @@ class ExecutorInfo:
     a seeded request's random sequence continues unchanged after recompute preemption;
     ``mirrors_executor_kv``: the executor allocates KV by its own manager's rule (a
     request's known tokens whole on its first chunk) and that manager's free count is the
-    truth, so the engine's KV manager mirrors it (``KVCacheManager(mirror_executor=True)``).
+    truth, so the engine's KV manager mirrors it (``KVCacheManager(mirror_executor=True)``,
+    whose allocation rule is then ``MirrorExecutor``).
     ``constraint_kinds``: the constraint kinds it enforces (empty: none; a constrained
     submission is then refused); an executor with any implements ``ConstraintBackend``.
     ``num_gpus`` is how many accelerators one replica of it occupies (1 for a CPU).

@@ -54,6 +54,19 @@ def test_mirroring_an_executor_allocates_nothing_beyond_its_free_count() -> None
     kv.integrity_check()
 
 
+def test_allocate_hands_out_a_table_that_later_allocations_leave_alone() -> None:
+    kv = KVCacheManager(8, BS)
+    r = make_request(prompt_len=6)
+    table = kv.allocate(r, 6)
+    assert isinstance(table, tuple) and len(table) == 2
+    r.num_computed_tokens = 6
+    r.output_token_ids.extend([1, 2, 3])
+    grown = kv.allocate(r, 3)  # positions 6..8: a third block
+    assert grown is not None and len(grown) == 3 and grown[:2] == table and len(table) == 2
+    assert kv.allocate(r, 0) is grown  # unchanged table: the same tuple, built once
+    kv.integrity_check()
+
+
 def test_allocate_covers_positions_and_free_returns_blocks() -> None:
     kv = KVCacheManager(8, BS)
     r = make_request(prompt_len=10)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from orchestrator.core.kv.block_pool import BlockPool
 from orchestrator.core.kv.events import BlockStored, KVEvent
@@ -18,12 +19,55 @@ from orchestrator.core.kv.hashing import BlockHash, prefix_hasher
 from orchestrator.core.request import Request
 
 
+class AllocationRule(Protocol):
+    """Where an executor's own KV picture bounds the manager's allocations; chosen once,
+    when the manager is built, and asked only off ``allocate``'s common path (a request's
+    first allocation since it last held no blocks, or one that needs new blocks).
+
+    ``first_tokens(request, num_new_tokens)``: how many tokens past those computed the
+    first allocation of a request holding no blocks covers (at least
+    ``num_new_tokens``). ``free_blocks(pool_free, executor_shortfall)``: the free blocks
+    an allocation may take, given this pool's count and how many fewer the executor last
+    reported free.
+    """
+
+    def first_tokens(self, request: Request, num_new_tokens: int) -> int: ...
+
+    def free_blocks(self, pool_free: int, executor_shortfall: int) -> int: ...
+
+
+class OwnPool:
+    """The manager's pool is the truth (every executor but a mirrored one): a first
+    allocation covers the tokens asked for, and every free block of the pool may be
+    taken (the executor's count bounds only admission, ``can_admit``)."""
+
+    def first_tokens(self, request: Request, num_new_tokens: int) -> int:
+        return num_new_tokens
+
+    def free_blocks(self, pool_free: int, executor_shortfall: int) -> int:
+        return pool_free
+
+
+class MirrorExecutor:
+    """The executor's own KV manager is the truth (TensorRT-LLM's in-executor mode): a
+    request that holds no blocks gets blocks for all its known tokens on its first
+    chunk, as that manager allocates a sequence, and no allocation takes blocks beyond
+    the executor's last reported free count."""
+
+    def first_tokens(self, request: Request, num_new_tokens: int) -> int:
+        return max(num_new_tokens, request.num_tokens - request.num_computed_tokens)
+
+    def free_blocks(self, pool_free: int, executor_shortfall: int) -> int:
+        return pool_free - executor_shortfall
+
+
 @dataclass(slots=True)
 class _RequestBlocks:
     """Everything the manager keeps for one request.
 
-    ``blocks`` is its block table; ``snapshot`` an immutable copy for plans, rebuilt only
-    when the table changes (a decode needs a new block once every ``block_size`` steps);
+    ``blocks`` is its block table; ``snapshot`` an immutable copy, what ``allocate``
+    hands out, rebuilt only when the table changes (a decode needs a new block once
+    every ``block_size`` steps);
     ``hashes`` the prefix hashes of its full blocks, extended as tokens arrive and kept
     across preemption (the tokens are kept); ``num_committed`` how many of its blocks are
     registered in the prefix cache.
@@ -43,11 +87,10 @@ class KVCacheManager:
     admission headroom: ``headroom_blocks`` free blocks per running request stay free
     when a new request is admitted. Where the executor owns the real KV cache and
     reports its free blocks (``observe_executor_free``), admission uses the tighter of
-    the two pictures. With ``mirror_executor`` the executor's own KV manager is the truth
-    (TensorRT-LLM's in-executor mode): a request that holds no blocks gets blocks for all
-    its known tokens on its first chunk, as that manager allocates a sequence, and no
-    allocation takes blocks beyond the executor's last reported free count either. All
-    counts are blocks unless a name says tokens.
+    the two pictures. The allocation rule is chosen here (``rule``): ``OwnPool``, or
+    ``MirrorExecutor`` with ``mirror_executor``, where the executor's own KV manager is
+    the truth (TensorRT-LLM's in-executor mode). All counts are blocks unless a name
+    says tokens.
 
     ``hash_scheme`` and ``hash_seed`` pick the prefix hashes (``cache.prefix_hash`` and
     ``cache.prefix_hash_seed``). After ``record_events`` the manager buffers KV events
@@ -70,7 +113,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.headroom_blocks = headroom_blocks
-        self.mirror_executor = mirror_executor
+        self.rule: AllocationRule = MirrorExecutor() if mirror_executor else OwnPool()
         self.pool = BlockPool(num_blocks)
         self.hasher = prefix_hasher(hash_scheme, hash_seed)
         self._records: dict[str, _RequestBlocks] = {}
@@ -108,19 +151,13 @@ class KVCacheManager:
         self._executor_shortfall = max(0, self.pool.num_free - free_blocks)
 
     def block_table(self, request_id: str) -> list[int]:
+        """A copy of the request's block table (empty when it holds no blocks)."""
         record = self._records.get(request_id)
-        return record.blocks if record is not None else []
+        return list(record.blocks) if record is not None else []
 
     def block_tables(self) -> dict[str, tuple[int, ...]]:
         """Every request that holds blocks, with its block table."""
         return {rid: tuple(r.blocks) for rid, r in self._records.items() if r.blocks}
-
-    def block_table_snapshot(self, request_id: str) -> tuple[int, ...]:
-        """The request's block table as a tuple that later allocations do not change."""
-        record = self._records[request_id]
-        if record.snapshot is None:
-            record.snapshot = tuple(record.blocks)
-        return record.snapshot
 
     def _hash_chain(
         self, request: Request, start: int = 0, parent: BlockHash | None = None
@@ -176,33 +213,37 @@ class KVCacheManager:
 
     def allocate(
         self, request: Request, num_new_tokens: int, cached_prefix: list[int] | None = None
-    ) -> list[int] | None:
+    ) -> tuple[int, ...] | None:
         """Make the request's blocks cover ``num_new_tokens`` positions past those already
         computed, first taking ``cached_prefix`` (from ``find_cached_prefix``, for a
         request that holds no blocks yet; the new tokens then start right after the
-        prefix, whose tokens the caller marks computed on success). Returns the
-        request's block table, or ``None`` with nothing changed when the pool cannot
-        hold it."""
+        prefix, whose tokens the caller marks computed on success). A request that holds
+        no blocks covers what the rule's ``first_tokens`` says. Returns the request's
+        block table as a tuple that later allocations do not change (the same one until
+        the table changes, so a plan may keep it), or ``None`` with nothing changed when
+        the pool cannot hold it."""
         rid = request.request_id
         record = self._records.get(rid)
         bs = self.block_size
-        if self.mirror_executor and num_new_tokens > 0 and (record is None or not record.blocks):
-            # The executor's manager allocates a sequence's known tokens whole.
-            num_new_tokens = max(num_new_tokens, request.num_tokens - request.num_computed_tokens)
-        if not cached_prefix:
-            held = record.blocks if record is not None else []
+        held = record.blocks if record is not None else None
+        if held:
+            if cached_prefix:
+                raise ValueError(f"request {rid!r} already holds blocks; no prefix to reuse")
             need = -(-(request.num_computed_tokens + num_new_tokens) // bs) - len(held)
             if need <= 0 and record is not None:
-                return held  # the common case: a running request's next tokens fit its blocks
-        elif record is not None and record.blocks:
-            raise ValueError(f"request {rid!r} already holds blocks; no prefix to reuse")
+                # The common case: a running request's next tokens fit its blocks.
+                snapshot = record.snapshot
+                if snapshot is None:
+                    snapshot = record.snapshot = tuple(held)
+                return snapshot
         else:
-            need = -(-(len(cached_prefix) * bs + num_new_tokens) // bs) - len(cached_prefix)
+            if num_new_tokens > 0:
+                num_new_tokens = self.rule.first_tokens(request, num_new_tokens)
+            start = len(cached_prefix) * bs if cached_prefix else request.num_computed_tokens
+            need = -(-(start + num_new_tokens) // bs) - len(cached_prefix or ())
         # Reusing a cached block with no owner takes it out of the free queue.
         reclaimed = sum(1 for b in cached_prefix or () if self.pool.ref_counts[b] == 0)
-        free = self.pool.num_free
-        if self.mirror_executor:
-            free -= self._executor_shortfall
+        free = self.rule.free_blocks(self.pool.num_free, self._executor_shortfall)
         if max(need, 0) + reclaimed > free:
             return None
         if record is None:
@@ -213,8 +254,8 @@ class KVCacheManager:
             record.num_committed = len(cached_prefix)
         if need > 0:
             record.blocks.extend(self.pool.allocate(need))
-        record.snapshot = None
-        return record.blocks
+        snapshot = record.snapshot = tuple(record.blocks)
+        return snapshot
 
     def commit(self, request: Request) -> None:
         """Register the request's newly full, computed blocks in the prefix cache. Call

@@ -228,13 +228,13 @@ class Scheduler:
 
     def _schedule_or_preempt(self, step: StepState, request: Request, n: int, now: float) -> None:
         """Give ``request`` ``n`` tokens, preempting others (or itself) until its blocks fit."""
-        while self.kv.allocate(request, n) is None:
+        while (table := self.kv.allocate(request, n)) is None:
             victim = kv_victim(self.running, request, self.config.max_preemptions)
             self.preempt(step, victim, now)
             step.kv_preempted = True
             if victim is request:
                 return
-        self._add_to_plan(step, request, n)
+        self._add_to_plan(step, request, n, table)
 
     def admit_waiting(self, step: StepState, now: float, whole_prompts: bool) -> bool:
         """Admit waiting requests in policy order with a first chunk each (the whole
@@ -263,7 +263,8 @@ class Scheduler:
             need = kv.blocks_for(len(prefix) * kv.block_size + n) - len(prefix)
             if not kv.can_admit(need, len(self.running)):
                 break
-            if kv.allocate(request, n, prefix) is None:
+            table = kv.allocate(request, n, prefix)
+            if table is None:
                 break
             self.waiting.pop()
             request.num_computed_tokens = len(prefix) * kv.block_size
@@ -272,7 +273,7 @@ class Scheduler:
                 if self.fair is not None:
                     self.fair.on_first_admit(request)
             self.start_running(request, now)
-            self._add_to_plan(step, request, n)
+            self._add_to_plan(step, request, n, table)
             admitted = True
         for request in deferred:
             self.waiting.push(request)
@@ -285,14 +286,18 @@ class Scheduler:
             request.first_scheduled_time = now
         bisect.insort(self.running, request, key=self.ordering.running_key)
 
-    def _add_to_plan(self, step: StepState, request: Request, n: int) -> None:
+    def _add_to_plan(
+        self, step: StepState, request: Request, n: int, table: tuple[int, ...]
+    ) -> None:
+        """Plan ``n`` tokens of ``request`` over ``table``, the block table ``allocate``
+        just returned for them."""
         start = request.num_computed_tokens
         rid = request.request_id
         step.scheduled[rid] = ScheduledRequest(
             request_id=rid,
             token_ids=request.token_ids(start, start + n),
             start_position=start,
-            block_table=self.kv.block_table_snapshot(rid),
+            block_table=table,
             sampling=request.sampling,
             sample=start + n == len(request.prompt_token_ids) + len(request.output_token_ids),
             priority=request.priority,
