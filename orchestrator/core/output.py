@@ -4,13 +4,15 @@ Executors never import or mutate ``Request``; they read a ``SchedulerOutput`` an
 answer with a ``StepResult``. The torch executor, the simulator and the TensorRT-LLM
 adapter all consume the same decision.
 
-The per-request records (``ScheduledRequest``, ``RequestOutput``) are keyword-only
-slotted dataclasses: every field is named where a record is built, and a build is one
-slot store per field, since the scheduler makes one of each per running request per
-step. They are not frozen (a frozen dataclass sets each field through
-``object.__setattr__``, several times the cost of a slot store, on the hottest path):
-the core hands each record out once and never touches it again, and readers treat
-them as read-only.
+The per-request records (``ScheduledRequest``, ``RequestOutput``) are NamedTuples:
+immutable and one tuple to build, since the scheduler makes one of each per running
+request per step. The core builds them by field name through ``scheduled_request`` and
+``request_output``, keyword-only functions that pass the fields to the tuple in order,
+written once, beside the class. Why not the class called with keywords: on CPython a
+class call with keywords first packs them into a dict, which makes it about twice the
+cost of a positional build (490 ns against 250 for eleven fields), where a function's
+keywords cost nothing extra (230 ns). ``tests/unit/test_output_records.py`` holds
+each builder to its record's fields, order and defaults.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import NamedTuple
 
 from orchestrator.core.request import FinishReason, SamplingParams
 
+# The builders' constructor: what a NamedTuple's own ``__new__`` calls, minus that call.
+_new_tuple = tuple.__new__
 
-@dataclass(slots=True, kw_only=True)
-class ScheduledRequest:
+
+class ScheduledRequest(NamedTuple):
     """One request's share of a step.
 
     ``token_ids`` sit at positions ``start_position .. start_position + len(token_ids) - 1``.
@@ -62,6 +66,40 @@ class ScheduledRequest:
     def context_len(self) -> int:
         """Positions this request attends over after this step (cached plus new)."""
         return self.start_position + len(self.token_ids)
+
+
+def scheduled_request(
+    *,
+    request_id: str,
+    token_ids: list[int],
+    start_position: int,
+    block_table: Sequence[int],
+    sample: bool,
+    sampling: SamplingParams,
+    priority: int = 0,
+    slo_class: str | None = None,
+    tenant: str | None = None,
+    arrival_time: float = 0.0,
+    constraint: object | None = None,
+) -> ScheduledRequest:
+    """A ``ScheduledRequest`` from its fields by name (the module docstring says why
+    this and not the class)."""
+    return _new_tuple(
+        ScheduledRequest,
+        (
+            request_id,
+            token_ids,
+            start_position,
+            block_table,
+            sample,
+            sampling,
+            priority,
+            slo_class,
+            tenant,
+            arrival_time,
+            constraint,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +203,7 @@ class StepResult:
     kv_free_blocks: int | None = None
 
 
-@dataclass(slots=True, kw_only=True)
-class RequestOutput:
+class RequestOutput(NamedTuple):
     """What one step produced for one request: its new token (if it sampled) and, when it
     ended, why. ``new_logprobs`` is parallel to ``new_token_ids`` when logprobs were
     asked for, else empty. ``num_output_tokens`` is the total so far. ``error`` says why
@@ -189,3 +226,37 @@ class RequestOutput:
     first_scheduled_time: float | None = None
     num_cached_tokens: int = 0
     error_code: str | None = None
+
+
+def request_output(
+    *,
+    request_id: str,
+    new_token_ids: tuple[int, ...],
+    new_logprobs: tuple[TokenLogprobs, ...],
+    finished: bool,
+    finish_reason: FinishReason | None,
+    num_prompt_tokens: int,
+    num_output_tokens: int,
+    error: str | None = None,
+    first_scheduled_time: float | None = None,
+    num_cached_tokens: int = 0,
+    error_code: str | None = None,
+) -> RequestOutput:
+    """A ``RequestOutput`` from its fields by name (the module docstring says why this
+    and not the class)."""
+    return _new_tuple(
+        RequestOutput,
+        (
+            request_id,
+            new_token_ids,
+            new_logprobs,
+            finished,
+            finish_reason,
+            num_prompt_tokens,
+            num_output_tokens,
+            error,
+            first_scheduled_time,
+            num_cached_tokens,
+            error_code,
+        ),
+    )

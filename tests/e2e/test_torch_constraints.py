@@ -4,7 +4,6 @@ keeps the output valid."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -195,9 +194,7 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
     # The advance step refuses a token too: feed the healthy matcher a letter directly.
     matchers = executor.runner.matchers
     assert matchers is not None
-    pending = matchers.start(
-        [dataclasses.replace(entry("healthy", [1], healthy), start_position=1)]
-    )
+    pending = matchers.start([entry("healthy", [1], healthy)._replace(start_position=1)])
     matchers.apply(pending, torch.zeros(1, weights_f32.args.vocab_size), [0])
     sampled = {"healthy": letter}
     matchers.advance(pending, sampled)

@@ -184,9 +184,7 @@ class ErrorForOne(EngineCore):
         for output in step.outputs:
             if output.request_id == self.victim and output.num_output_tokens == 2:
                 self.abort(self.victim)
-                output = dataclasses.replace(
-                    output, finished=True, finish_reason=FinishReason.ERROR
-                )
+                output = output._replace(finished=True, finish_reason=FinishReason.ERROR)
             outputs.append(output)
         return dataclasses.replace(step, outputs=outputs)
 

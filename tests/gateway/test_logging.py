@@ -4,7 +4,6 @@ probes and scrapes; error details that the response withholds appear only here."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Iterator
@@ -80,9 +79,7 @@ class FailsOneRequest(EngineCore):
     def step(self) -> EngineStep:
         step = super().step()
         outputs = [
-            dataclasses.replace(
-                o, finished=True, finish_reason=FinishReason.ERROR, error="CUDA error 700"
-            )
+            o._replace(finished=True, finish_reason=FinishReason.ERROR, error="CUDA error 700")
             for o in step.outputs
         ]
         for o in outputs:
