@@ -9,10 +9,11 @@ immutable and one tuple to build, since the scheduler makes one of each per runn
 request per step. The core builds them by field name through ``scheduled_request`` and
 ``request_output``, keyword-only functions that pass the fields to the tuple in order,
 written once, beside the class. Why not the class called with keywords: on CPython a
-class call with keywords first packs them into a dict, which makes it about twice the
-cost of a positional build (490 ns against 250 for eleven fields), where a function's
-keywords cost nothing extra (230 ns). ``tests/unit/test_output_records.py`` holds
-each builder to its record's fields, order and defaults.
+class call with keywords first packs them into a dict, about twice the cost of a
+positional build (490 ns against 250 for eleven fields), where a function's keywords
+cost nothing extra (230 ns); CPython 3.11 on an Intel Xeon of the Sapphire Rapids
+class. ``tests/unit/test_output_records.py`` holds each builder to its record's
+fields, order and defaults.
 """
 
 from __future__ import annotations
