@@ -320,7 +320,12 @@ def split_type(data: Any, section: str, examples: str) -> Any:
 
 
 class ExecutorSpec(StrictModel):
-    """``type`` names a registered executor; ``options`` is validated by its ``Config``."""
+    """``type`` names a registered executor; ``options`` is validated by its ``Config``
+    as the file loads, so a bad option is refused before an engine, a build or a
+    simulation starts. That loads the executor's plug-in package, whose modules import
+    their heavy dependencies (torch, TensorRT-LLM) only when an executor starts: loading
+    a shipped config imports none of them, nor another executor's plug-in
+    (``tests/unit/test_config_validation_imports.py``)."""
 
     type: str
     options: Any = None
