@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.core.clock import VirtualClock
 from orchestrator.core.config import SchedulerConfig
 from orchestrator.core.engine import EngineCore, EngineStep
 from orchestrator.core.kv.manager import KVCacheManager
-from orchestrator.core.output import ScheduledRequest
 from orchestrator.core.predictor import ModelStepTimePredictor, StepTimePredictor
 from orchestrator.core.request import Request, SamplingParams
 from orchestrator.core.sched.scheduler import Scheduler
@@ -41,32 +39,6 @@ def make_request(
         arrival_time=arrival_time,
         slo_class=slo_class,
         tenant=tenant,
-    )
-
-
-def plan_entry(
-    request_id: str,
-    token_ids: list[int],
-    start_position: int,
-    block_table: Sequence[int],
-    sample: bool,
-    sampling: SamplingParams,
-    priority: int = 0,
-    **facts: Any,
-) -> ScheduledRequest:
-    """A plan entry for an executor test, in the order a test reads it: which request,
-    which tokens at which positions over which blocks, whether it samples and how; the
-    request's other facts (``slo_class``, ``tenant``, ``arrival_time``, ``constraint``)
-    by name."""
-    return ScheduledRequest(
-        request_id=request_id,
-        token_ids=token_ids,
-        start_position=start_position,
-        block_table=block_table,
-        sample=sample,
-        sampling=sampling,
-        priority=priority,
-        **facts,
     )
 
 

@@ -32,7 +32,6 @@ from tests.e2e.constrained import (
     sampling,
     text_of,
 )
-from tests.factories import plan_entry
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +179,7 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
     assert not broken.consume_token(letter)  # its matcher is now in its error state
 
     def entry(rid: str, blocks: list[int], handle: object) -> ScheduledRequest:
-        return plan_entry(
+        return ScheduledRequest(
             rid, [1, 2, 3], 0, blocks, True, sampling(4, (2,), temperature=0), constraint=handle
         )
 
