@@ -24,6 +24,11 @@ saturation rate, each as a short burst (``--burst`` requests, 64) and sustained
 that met their SLO beside those refused (429) and shed, plus slo's regretted refusals
 (``EngineStats.regretted_refusals``: refused, yet the queue drained in time for them).
 
+Then learning from regret (``admission.learn_from_regret``) on and off, for ``slo`` on
+bursty arrivals (gamma gaps with a coefficient of variation of 3: bursts with idle
+spells between them, where a refusal can be followed by unused capacity) at 0.8, 1 and
+1.5 x the saturation rate: requests within SLO, refused and regretted for each.
+
 Run: .venv/bin/python benchmarks/goodput_under_overload.py [--requests 800] [--burst 64]
 [--sweep-only] [--plot PATH]
 The last line is the headline:
@@ -38,7 +43,7 @@ import math
 import sys
 from pathlib import Path
 
-from orchestrator.common.workloads import TrafficClass
+from orchestrator.common.workloads import GammaArrivals, TrafficClass
 from orchestrator.core import SchedulerConfig
 from orchestrator.sim.config import SimConfig, load_sim_config
 from orchestrator.sim.runner import SimResult, at_rate, max_sustainable_rate, run_simulation
@@ -47,6 +52,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/sim/llama3-70b-fp8-h100-tp2.yaml"
 LOADS = (0.5, 0.8, 1.0, 1.25, 1.5, 2.0)
 SWEEP_LOADS = (0.5, 1.0, 1.5, 2.0, 4.0)
+BURSTY_LOADS = (0.8, 1.0, 1.5)
+BURSTY_CV = 3.0
 CLASSES = {
     "premium": {"ttft_ms": 500, "tpot_ms": 80},
     "standard": {"ttft_ms": 500, "tpot_ms": 80},
@@ -66,9 +73,10 @@ POLICIES: dict[str, dict[str, object]] = {
 }
 
 
-def with_policy(config: SimConfig, name: str) -> SimConfig:
+def with_policy(config: SimConfig, name: str, learn_from_regret: bool = True) -> SimConfig:
     data = config.engine.scheduler.model_dump()
     data.update(slo_classes=CLASSES, default_slo_class="standard", **POLICIES[name])
+    data["admission"] = {**data.get("admission", {}), "learn_from_regret": learn_from_regret}
     engine = config.engine.model_copy(update={"scheduler": SchedulerConfig.model_validate(data)})
     return config.model_copy(update={"engine": engine})
 
@@ -129,6 +137,31 @@ def sweep(base: SimConfig, saturation: float, burst: int, sustained: int) -> Non
     print()
 
 
+def learning(base: SimConfig, saturation: float) -> None:
+    """Print ``slo`` with and without learning from regret on bursty arrivals."""
+    arrival = GammaArrivals(rate=1.0, cv=BURSTY_CV)
+    bursty = base.model_copy(
+        update={"workload": base.workload.model_copy(update={"arrival": arrival})}
+    )
+    print(
+        f"learning from regret, slo on bursty arrivals (gamma, cv {BURSTY_CV:g}, "
+        f"{base.workload.num_requests} requests); met / refused / regretted"
+    )
+    print(f"{'load':>5} {'learning':>17} {'without':>17} {'met, on/off':>12}")
+    for load in BURSTY_LOADS:
+        row = []
+        for learn in (True, False):
+            result = run_simulation(at_rate(with_policy(bursty, "slo", learn), saturation * load))
+            met, refused, _, regretted = outcome(result)
+            row.append((met, refused, regretted))
+        (on, off) = row
+        print(
+            f"{load:>4}x {f'{on[0]}/{on[1]}/{on[2]}':>17} {f'{off[0]}/{off[1]}/{off[2]}':>17} "
+            f"{on[0] / max(off[0], 1):>11.3f}x"
+        )
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=800, help="requests per run")
@@ -147,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     saturation = search.rate
     print(f"saturation rate (fcfs, 90% within SLO): {saturation:.2f} req/s")
     sweep(base, saturation, args.burst, args.requests)
+    learning(base, saturation)
     if args.sweep_only:
         return 0
     print(f"{'load':>5} {'policy':>9} {'goodput':>9} {'attain':>7} {'refused':>8} {'ttft err':>9}")

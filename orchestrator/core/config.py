@@ -96,6 +96,10 @@ class AdmissionConfig(StrictModel):
     error instead of run (``None``, the default, keeps it). ``reserve_retries`` (``slo``
     only): a rejected request's predicted return counts as work ahead of later arrivals
     until its Retry-After has passed, so a client that honours it finds room.
+    ``learn_from_regret``: a refusal found needless (the scheduler then had room for the
+    request while it could still have met its target) lowers its class's correction as
+    an admitted request's outcome would (docs/slo.md, "Regretted refusals"); off, such
+    refusals are only counted.
     """
 
     type: AdmissionName = "queue_limits"
@@ -105,6 +109,7 @@ class AdmissionConfig(StrictModel):
     min_retry_after_s: float = Field(1.0, ge=0)
     shed_after_deadline_s: float | None = Field(None, ge=0)
     reserve_retries: bool = False
+    learn_from_regret: bool = True
 
 
 class SLOBudgetConfig(StrictModel):

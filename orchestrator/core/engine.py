@@ -320,7 +320,7 @@ class EngineCore:
             num_shed=slo.num_shed,
             rejections=slo.rejections,
             ttft_prediction_error_by_class=slo.ttft_prediction_error_by_class,
-            regretted_refusals=s.admission.outcomes.regretted_refusals(),
+            regretted_refusals=s.admission.outcomes.regretted_refusals(s.room, self.clock.now()),
         )
 
     def dump_state(self) -> str:

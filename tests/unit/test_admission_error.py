@@ -1,13 +1,15 @@
 """SLO admission judged by the forecast's measured error (``TtftOutcomes``): the
 correction from recent actual/predicted TTFT ratios, leniency while a class has few,
-and regretted refusals counted from how the queue drained after each refusal."""
+and regretted refusals: counted when the queue drained in time and a step had room for
+the refused request, and learned from."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.core import OverloadedError, SchedulerConfig
+from orchestrator.core import OverloadedError, SchedulerConfig, StepResult
 from orchestrator.core.request import Request, RequestStatus
+from orchestrator.core.sched.room import RoomLog
 from orchestrator.core.sched.scheduler import Scheduler
 from orchestrator.core.sched.slo import (
     MIN_CORRECTION,
@@ -51,7 +53,7 @@ def teach(outcomes: TtftOutcomes, slo_class: str, ratios: list[float]) -> None:
         request.predicted_ttft_s = 1.0
         outcomes.admitted(request)
         request.first_token_time = ratio
-    outcomes.update()
+    outcomes.update(RoomLog(), now=0.0)
 
 
 def admits(sched: Scheduler, prompt_len: int, slo_class: str = "chat") -> bool:
@@ -119,19 +121,51 @@ def test_the_operator_margin_still_applies_on_top() -> None:
     assert not admits(scheduler(ttft_margin=0.8), 96)  # 0.3 s over 0.8 x 0.35 s
 
 
-def test_a_refusal_whose_queue_drained_in_time_is_regretted() -> None:
+def room_at(*step_times: float) -> RoomLog:
+    """A room log busy since before 0 s whose steps at ``step_times`` had room, each
+    followed by one without."""
+    room = RoomLog()
+    room.on_queued(-1.0)  # a new log is idle: room since ever
+    for at in step_times:
+        room.on_step(at, room=True)
+        room.on_step(at + 0.01, room=False)
+    return room
+
+
+def test_a_refusal_whose_queue_drained_with_room_in_time_is_regretted() -> None:
     outcomes = TtftOutcomes(0.75)
     ahead = [classed(), classed()]
-    outcomes.refused(classed(arrival=0.0), ahead, own_s=0.05, earliest=0.01)  # due 0.35 s
+    refused = classed(arrival=0.0)
+    refused.predicted_ttft_s = 0.5
+    outcomes.refused(refused, ahead, own_s=0.05, earliest=0.01)  # due 0.35 s
     ahead[0].first_token_time = 0.1
-    outcomes.update()
+    outcomes.update(room_at(), now=0.1)
     assert outcomes.resolved == {}  # the second is still waiting
     ahead[1].first_token_time = 0.2
-    outcomes.update()
-    # Its first token would have come at 0.2 + 0.05 s, inside 0.35 s.
+    outcomes.update(room_at(), now=0.2)
+    # Its first token would have come at 0.25 s, inside 0.35 s, but no step has had room
+    # yet, and one may still come before 0.3 s (its last start that ends in time).
+    assert outcomes.resolved == {}
+    outcomes.update(room_at(0.22), now=0.22)
     assert outcomes.regretted == {"chat": 1} and outcomes.resolved == {"chat": 1}
-    # An estimate that judges each refusal alone does not move the correction.
+    # Learned: an outcome of 0.25 s against the 0.5 s it was refused on.
+    assert outcomes.correction("chat") == pytest.approx(shrunk(0.5, 1))
+
+
+def test_a_refusal_with_no_room_before_its_last_start_is_not_regretted() -> None:
+    outcomes = TtftOutcomes(0.75)
+    outcomes.refused(classed(arrival=0.0), [], own_s=0.05, earliest=0.01)
+    # Room came only after 0.3 s: too late for its prefill to end by 0.35 s.
+    outcomes.update(room_at(0.32), now=0.32)
+    assert outcomes.regretted == {} and outcomes.resolved == {"chat": 1}
     assert outcomes.correction("chat") == 1.0
+
+
+def test_room_before_the_refusal_does_not_count() -> None:
+    outcomes = TtftOutcomes(0.75)
+    outcomes.refused(classed(arrival=0.1), [], own_s=0.05, earliest=0.1)  # due 0.45 s
+    outcomes.update(room_at(0.0), now=0.5)
+    assert outcomes.regretted == {} and outcomes.resolved == {"chat": 1}
 
 
 def test_a_refusal_that_would_have_missed_is_not_regretted() -> None:
@@ -139,7 +173,7 @@ def test_a_refusal_that_would_have_missed_is_not_regretted() -> None:
     ahead = classed()
     outcomes.refused(classed(arrival=0.0), [ahead], own_s=0.05, earliest=0.0)
     ahead.first_token_time = 0.32  # 0.37 s with its own prefill: past 0.35 s
-    outcomes.update()
+    outcomes.update(room_at(0.1), now=0.32)
     assert outcomes.regretted == {} and outcomes.resolved == {"chat": 1}
 
 
@@ -148,12 +182,50 @@ def test_requests_that_left_without_a_token_drain_the_queue_when_they_left() -> 
     aborted = classed()
     outcomes.refused(classed(arrival=0.0), [aborted], own_s=0.05, earliest=0.0)
     aborted.status, aborted.finish_time = RequestStatus.FINISHED_ABORTED, 0.1
-    outcomes.update()
+    outcomes.update(room_at(0.1), now=0.1)
     assert outcomes.regretted == {"chat": 1}
-    # Nothing ahead: the refusal settles at once, from when a step could start.
+    # Nothing ahead: the refusal settles once its last start has passed.
     outcomes.refused(classed(arrival=0.0), [], own_s=0.05, earliest=0.31)
-    outcomes.update()
+    outcomes.update(room_at(0.1), now=0.31)
     assert outcomes.regretted == {"chat": 1} and outcomes.resolved == {"chat": 2}
+
+
+def test_the_room_log_keeps_runs_of_steps_with_room_and_idle_spells() -> None:
+    room = RoomLog()
+    assert room.had_room(0.0, 10.0)  # idle since it was made
+    room.on_queued(0.5)  # the idle spell ends when a request is queued, not at a step
+    for at, has_room in ((1.0, True), (2.0, True), (3.0, False), (5.0, True)):
+        room.on_step(at, has_room)
+    assert room.had_room(1.5, 1.8)  # inside the run of 1 to 2 s
+    assert room.had_room(0.0, 0.4) and room.had_room(2.0, 2.5)
+    assert not room.had_room(0.6, 0.9) and not room.had_room(2.5, 4.9)  # between runs
+    assert room.had_room(4.0, 6.0)  # the run going on since 5 s
+    assert not room.had_room(6.0, 7.0)  # no step since 5 s says so yet
+    assert not room.had_room(2.0, 1.0)  # an empty window
+    room.on_idle(8.0)  # the last request left: room until the next is queued
+    assert room.had_room(9.0, 12.0)
+    room.on_queued(12.0)
+    room.on_step(12.5, False)
+    assert room.had_room(11.0, 11.5) and not room.had_room(12.1, 13.0)
+
+
+def test_a_scheduler_logs_room_idle_and_queueing() -> None:
+    sched = make_scheduler(max_num_tokens=64, chunk_size=64, max_batch_size=2)
+    sched.add_request(make_request(8, max_tokens=2, request_id="a"), now=1.0)
+    sched.add_request(make_request(8, max_tokens=2, request_id="b"), now=1.0)
+    sched.add_request(make_request(8, max_tokens=2, request_id="c"), now=1.0)
+    assert not sched.room.had_room(1.01, 1.5)  # queued at 1 s: not idle any more
+    now = 2.0
+    while sched.has_work():
+        plan = sched.schedule(now)
+        sampled = {s.request_id: 5 for s in plan.scheduled if s.sample}
+        sched.update(plan, StepResult(sampled, duration_s=1.0), now + 1.0)
+        now += 1.0
+    # a and b fill the batch (no room) until they finish; c then runs alone with room,
+    # and once it finished the scheduler is idle.
+    assert not sched.room.had_room(2.0, 3.5)
+    assert sched.room.had_room(4.0, 4.0)
+    assert sched.room.had_room(now + 10, now + 20)
 
 
 def test_refusals_by_the_scheduler_are_followed_and_reported() -> None:
@@ -168,6 +240,6 @@ def test_refusals_by_the_scheduler_are_followed_and_reported() -> None:
     outcomes = sched.admission.outcomes
     for rid, at in (("a", 0.1), ("b", 0.35)):
         sched.requests[rid].first_token_time = at
-    outcomes.update()
+    outcomes.update(sched.room, now=0.35)
     # b's first token at 0.35 s: c's own 0.1 s of prefill would end past 0.35 s.
     assert outcomes.resolved == {"chat": 1} and outcomes.regretted == {}

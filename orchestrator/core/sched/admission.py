@@ -73,10 +73,13 @@ class QueueLimitAdmission:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.outcomes = TtftOutcomes(config.admission.error_quantile)
+        self.outcomes = TtftOutcomes(
+            config.admission.error_quantile,
+            learn_from_regret=config.admission.learn_from_regret,
+        )
 
     def admit(self, scheduler: SchedulerView, request: Request, now: float) -> None:
-        self.outcomes.update()
+        self.outcomes.update(scheduler.room, now)
         cfg = self.config
         waiting = scheduler.waiting
         count = len(waiting)

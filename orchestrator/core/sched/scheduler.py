@@ -33,6 +33,7 @@ from orchestrator.core.sched.fair import FairShare
 from orchestrator.core.sched.ordering import make_ordering
 from orchestrator.core.sched.preemption import kv_victim
 from orchestrator.core.sched.queue import RequestQueue
+from orchestrator.core.sched.room import RoomLog
 from orchestrator.core.sched.slo import ArrivalRate, SloTracker, slo_step_budget
 from orchestrator.core.sched.step import Outbox, StepState, error_output
 from orchestrator.core.sched.waiting import WaitingQueue
@@ -85,6 +86,7 @@ class Scheduler:
         # When the last step's tokens were (or, on a virtual clock, will be) out: a
         # request submitted before then waits for that step to end.
         self.step_end_time = 0.0
+        self.room = RoomLog()
         self._outbox = Outbox()
 
     def add_request(self, request: Request, now: float | None = None) -> None:
@@ -112,6 +114,7 @@ class Scheduler:
         else:
             self.constraints.start(request, now)
         self.slo.on_queued(request)
+        self.room.on_queued(now)
         if self.fair is not None:
             self.fair.on_submit(request)
 
@@ -134,6 +137,8 @@ class Scheduler:
         request.status = RequestStatus.FINISHED_ABORTED
         request.finish_time = now
         self._outbox.finished_ids.append(request_id)
+        if not self.running and not self.waiting:
+            self.room.on_idle(now)
         return request
 
     def _unqueue(self, request: Request) -> None:
@@ -162,6 +167,10 @@ class Scheduler:
             self._shed_late(now)
         step = StepState(self.step_budget())
         self.strategy.fill(self, step, now)
+        self.room.on_step(
+            now,
+            step.budget > 0 and not self.waiting and len(self.running) < self.config.max_batch_size,
+        )
         preempted_ids, finished_ids = self._outbox.take_ids()
         return SchedulerOutput(list(step.scheduled.values()), preempted_ids, finished_ids)
 
@@ -336,6 +345,8 @@ class Scheduler:
             self.kv.observe_executor_free(result.kv_free_blocks)
         if self._apply(plan, result, now, outputs):
             self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
+            if not self.running and not self.waiting:
+                self.room.on_idle(now)
         if self.fair is not None:
             self.fair.on_outputs(outputs)
         return outputs

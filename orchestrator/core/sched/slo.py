@@ -26,6 +26,7 @@ from orchestrator.core.config import SchedulerConfig, SLOClassConfig
 from orchestrator.core.errors import AdmissionError
 from orchestrator.core.predictor import ErrorWindow, StepTimePredictor, mixed_step
 from orchestrator.core.request import Request, RequestStatus
+from orchestrator.core.sched.room import RoomView
 
 # How many recent submissions the admitted-prompt-token rate is taken over.
 RECENT_ADMITS = 64
@@ -145,11 +146,16 @@ def _left_at(request: Request) -> float | None:
 @dataclass(slots=True)
 class _Refusal:
     """A refused request whose outcome is still open: when its first token would have
-    come is known once every request in ``ahead`` has stopped waiting for theirs."""
+    come is known once every request in ``ahead`` has stopped waiting for theirs, and
+    whether the scheduler had room for it once a step from ``earliest`` to its last
+    useful start (``deadline - own_s``) had room, or none could any more."""
 
     slo_class: str | None
+    arrival: float
     deadline: float
     own_s: float
+    earliest: float  # when a step could first have started for it
+    predicted: float | None  # admission's TTFT prediction for it (s), if it made one
     drained: float  # the latest time one of those ahead stopped waiting, so far
     ahead: list[Request]
 
@@ -172,16 +178,24 @@ class TtftOutcomes:
     was ahead of it (running without a first token, or waiting ahead of it in policy
     order) has its first token or has left; its estimated TTFT is that moment (at the
     earliest, the refusal plus the step in flight) plus ``own_s``, the predicted
-    prefill of its own prompt. If that is within its deadline the refusal is
-    *regretted*: ``regretted[slo_class]`` counts them, ``resolved[slo_class]`` all
-    refusals followed to their end. Later arrivals that would have overtaken it are not
-    counted, and each refusal is judged alone, so the estimate errs towards regret; for
-    that reason it does not feed the correction (in the simulator it cost goodput under
-    sustained overload, docs/slo.md).
+    prefill of its own prompt. The refusal is *regretted* when that is within its
+    deadline **and** the scheduler had room for another prompt (``room.RoomLog``) in a
+    step early enough for its own prefill to end by the deadline: capacity that went
+    unused while the request it turned away could still have met its target.
+    ``regretted[slo_class]`` counts them, ``resolved[slo_class]`` all refusals followed
+    to their end. Judging the queue's drain alone counted most refusals under sustained
+    overload as regretted, though the capacity they would have taken went to others;
+    the room condition holds only where it did not.
+
+    Learning from regret: a regretted refusal that admission made on a prediction adds
+    its estimated ``actual / predicted`` ratio to its class's window, as an admitted
+    request's outcome does. That ratio is below the correction that refused it, so
+    refusals followed by idle capacity lower the class's correction, and the next
+    requests like it are admitted.
 
     State is read lazily from the requests' own times (``first_token_time``,
-    ``finish_time``): ``update()`` harvests what has happened since the last call and
-    is cheap to call every submission and every stats snapshot.
+    ``finish_time``) and the room log: ``update(room, now)`` harvests what has happened
+    since the last call and is cheap to call every submission and every stats snapshot.
     """
 
     def __init__(
@@ -189,8 +203,10 @@ class TtftOutcomes:
         quantile: float,
         window: int = OUTCOME_WINDOW,
         prior: float = PRIOR_OUTCOMES,
+        learn_from_regret: bool = True,
     ) -> None:
         self._quantile, self._window, self._prior = quantile, window, prior
+        self._learn_from_regret = learn_from_regret
         self._ratios: dict[str | None, deque[float]] = {}
         self._corrections: dict[str | None, float] = {}  # absent: stale
         # Admitted requests awaiting their first token, per class in submission order
@@ -209,8 +225,9 @@ class TtftOutcomes:
     ) -> None:
         """``request`` was refused; ``ahead``: the requests that would have had their
         first token before it; ``own_s``: its own predicted prefill (s); ``earliest``:
-        when a step could first start for it (s, the engine's clock). Without a TTFT
-        target it cannot be regretted, and is not followed."""
+        when a step could first start for it (s, the engine's clock). Its
+        ``predicted_ttft_s``, when admission set one, is the prediction it was refused
+        on. Without a TTFT target it cannot be regretted, and is not followed."""
         target = request.ttft_target_s
         if target is None:
             return
@@ -219,11 +236,14 @@ class TtftOutcomes:
         waiting = [r for r in ahead if _left_at(r) is None]
         self._refusals.append(
             _Refusal(
-                request.slo_class,
-                request.arrival_time + target,
-                own_s,
-                earliest,
-                waiting,
+                slo_class=request.slo_class,
+                arrival=request.arrival_time,
+                deadline=request.arrival_time + target,
+                own_s=own_s,
+                earliest=earliest,
+                predicted=request.predicted_ttft_s,
+                drained=earliest,
+                ahead=waiting,
             )
         )
 
@@ -241,8 +261,9 @@ class TtftOutcomes:
         self._corrections[slo_class] = factor
         return factor
 
-    def update(self) -> None:
-        """Harvest first tokens and departures since the last call."""
+    def update(self, room: RoomView, now: float) -> None:
+        """Harvest first tokens, departures and steps with room (``room``) up to ``now``
+        (s, the engine's clock) since the last call."""
         for slo_class, pending in self._admitted.items():
             while pending:
                 request = pending[0]
@@ -254,22 +275,25 @@ class TtftOutcomes:
                 if predicted and (
                     request.first_token_time is not None or left > request.ttft_deadline
                 ):
-                    ratios = self._ratios.get(slo_class)
-                    if ratios is None:
-                        ratios = self._ratios[slo_class] = deque(maxlen=self._window)
-                    ratios.append((left - request.arrival_time) / predicted)
-                    self._corrections.pop(slo_class, None)
+                    self._observe(slo_class, (left - request.arrival_time) / predicted)
         if self._refusals:
-            self._refusals = deque(r for r in self._refusals if not self._settle(r))
+            self._refusals = deque(r for r in self._refusals if not self._settle(r, room, now))
 
-    def regretted_refusals(self) -> tuple[tuple[str, int], ...]:
+    def regretted_refusals(self, room: RoomView, now: float) -> tuple[tuple[str, int], ...]:
         """``(slo_class, count)`` of the regretted refusals so far, by class (``""`` for
-        requests without one), after harvesting what has happened since the last call."""
-        self.update()
+        requests without one), after harvesting what has happened up to ``now``."""
+        self.update(room, now)
         return tuple(sorted((name or "", n) for name, n in self.regretted.items()))
 
-    def _settle(self, refusal: _Refusal) -> bool:
-        """Whether ``refusal``'s outcome is known now (counted if so)."""
+    def _observe(self, slo_class: str | None, ratio: float) -> None:
+        ratios = self._ratios.get(slo_class)
+        if ratios is None:
+            ratios = self._ratios[slo_class] = deque(maxlen=self._window)
+        ratios.append(ratio)
+        self._corrections.pop(slo_class, None)
+
+    def _settle(self, refusal: _Refusal, room: RoomView, now: float) -> bool:
+        """Whether ``refusal``'s outcome is known at ``now`` (counted if so)."""
         ahead = refusal.ahead
         while ahead:
             left = _left_at(ahead[-1])
@@ -277,10 +301,18 @@ class TtftOutcomes:
                 return False
             refusal.drained = max(refusal.drained, left)
             ahead.pop()
+        last_start = refusal.deadline - refusal.own_s
+        in_time = refusal.drained <= last_start
+        regretted = in_time and room.had_room(refusal.earliest, min(last_start, now))
+        if in_time and not regretted and now < last_start:
+            return False  # a step with room may still come in time
         name = refusal.slo_class
         self.resolved[name] = self.resolved.get(name, 0) + 1
-        if refusal.drained + refusal.own_s <= refusal.deadline:
+        if regretted:
             self.regretted[name] = self.regretted.get(name, 0) + 1
+            if refusal.predicted and self._learn_from_regret:
+                ttft = refusal.drained + refusal.own_s - refusal.arrival
+                self._observe(name, ttft / refusal.predicted)
         return True
 
 

@@ -11,6 +11,7 @@ from orchestrator.core.config import SchedulerConfig
 from orchestrator.core.predictor import StepTimePredictor
 from orchestrator.core.request import Request
 from orchestrator.core.sched.ordering import OrderingPolicy, SortKey
+from orchestrator.core.sched.room import RoomView
 from orchestrator.core.sched.slo import ArrivalRate
 
 
@@ -62,7 +63,8 @@ class SchedulerView(Protocol):
     request submitted earlier waits for it); ``step_budget()``: the next step's token
     budget; ``admitted_rate(better_than)``: the recent rate of queued requests (all, or
     those of a better priority than ``better_than``); ``constraints.expected_s(request)``:
-    how long (s) its grammar is expected to compile before it can be scheduled.
+    how long (s) its grammar is expected to compile before it can be scheduled;
+    ``room``: the steps that had room for another prompt, by which refusals are judged.
     """
 
     @property
@@ -88,6 +90,9 @@ class SchedulerView(Protocol):
 
     @property
     def constraints(self) -> CompileView: ...
+
+    @property
+    def room(self) -> RoomView: ...
 
     @property
     def step_end_time(self) -> float: ...
