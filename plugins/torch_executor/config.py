@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_CACHE_DIR = "~/.cache/orchestrator"
 
@@ -31,7 +32,9 @@ class TorchExecutorConfig(BaseModel):
     - ``num_threads``: intra-op threads for torch; ``None`` keeps torch's default (one
       per core). torch's thread pool is process-wide, so the last executor built wins.
     - ``kv_cache_gib``: memory for the paged KV pool in GiB (2**30 bytes); the pool holds
-      as many whole blocks of ``cache.block_size`` tokens as fit.
+      as many whole blocks of ``cache.block_size`` tokens as fit. ``auto`` (the default):
+      room for ``scheduler.max_batch_size`` sequences of ``model.max_model_len`` tokens,
+      capped at half the memory available at start (``kv_size.py``).
     - ``cache_dir``: where dequantised GGUF weights are cached as safetensors.
     - ``seed``: seeds the generator of sampled requests that carry no seed of their own
       (``None``: fresh entropy per executor).
@@ -48,14 +51,22 @@ class TorchExecutorConfig(BaseModel):
     kernels: Literal["auto", "torch"] = "auto"
     cuda_graphs: bool = True
     num_threads: int | None = Field(None, ge=1)
-    kv_cache_gib: float = Field(2.0, gt=0)
+    kv_cache_gib: float | Literal["auto"] = "auto"
     cache_dir: str = DEFAULT_CACHE_DIR
     seed: int | None = None
     constraints: bool = True
 
+    @field_validator("kv_cache_gib")
+    @classmethod
+    def _positive_size(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 < float(value) < math.inf:
+            raise ValueError(f"kv_cache_gib must be a positive number of GiB or auto, got {value}")
+        return value
+
     @property
-    def kv_cache_bytes(self) -> int:
-        return int(self.kv_cache_gib * 2**30)
+    def kv_cache_size_gib(self) -> float | None:
+        """``kv_cache_gib`` as a number, ``None`` for ``auto``."""
+        return None if self.kv_cache_gib == "auto" else float(self.kv_cache_gib)
 
     @property
     def cache_path(self) -> Path:

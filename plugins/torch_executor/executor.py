@@ -23,6 +23,7 @@ from orchestrator.core import (
 from plugins.torch_executor import kernel_build
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR, TorchExecutorConfig
 from plugins.torch_executor.cpu_features import detect
+from plugins.torch_executor.kv_size import available_cpu_memory_bytes, kv_pool_size
 from plugins.torch_executor.plan import (
     TORCH_OPS,
     CpuPlatform,
@@ -137,7 +138,7 @@ class TorchExecutor:
     @classmethod
     def from_config(cls, config: Any, engine: EngineConfig) -> TorchExecutor:
         """Load the engine's model in ``config.dtype`` on ``config.device`` and size the KV
-        pool from ``config.kv_cache_gib``."""
+        pool from ``config.kv_cache_gib`` (``kv_size.kv_pool_size``)."""
         import torch
 
         from plugins.torch_executor.paged import PagedKVCache
@@ -161,18 +162,24 @@ class TorchExecutor:
         dtype = getattr(torch, name)
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
         block_size = engine.cache.block_size
-        per_block = PagedKVCache.bytes_per_block(weights.args, block_size, dtype)
-        num_blocks = options.kv_cache_bytes // per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"kv_cache_gib={options.kv_cache_gib} holds no block of {block_size} tokens "
-                f"({per_block} bytes each in {name})"
-            )
+        if options.device == "cuda":
+            available: int | None = torch.cuda.mem_get_info()[0]
+        else:
+            available = available_cpu_memory_bytes()
+        pool = kv_pool_size(
+            kv_cache_gib=options.kv_cache_size_gib,
+            bytes_per_block=PagedKVCache.bytes_per_block(weights.args, block_size, dtype),
+            block_size=block_size,
+            max_batch_size=engine.scheduler.max_batch_size,
+            max_model_len=engine.model.max_model_len or weights.args.max_position_embeddings,
+            available_bytes=available,
+        )
+        log.info("torch executor: KV pool %s", pool.reason)
         grammar = _grammar_backend(options, engine, weights.args) if options.constraints else None
         return cls(
             weights,
             block_size=block_size,
-            num_blocks=num_blocks,
+            num_blocks=pool.num_blocks,
             max_model_len=engine.model.max_model_len,
             seed=options.seed,
             kernels=options.kernels,

@@ -39,7 +39,12 @@ def test_engine_config_validates_torch_options(tmp_path: Path) -> None:
     path.write_text("executor: {type: torch, dtype: float32, kv_cache_gib: 0.5, num_threads: 2}\n")
     options = load_engine_config(path).executor.options
     assert options == TorchExecutorConfig(dtype="float32", kv_cache_gib=0.5, num_threads=2)
-    assert options.kv_cache_bytes == 2**29
+    assert options.kv_cache_size_gib == 0.5
+    assert TorchExecutorConfig().kv_cache_size_gib is None  # auto
+    for bad in ("0", "-1", "nan", "lots"):
+        path.write_text(f"executor: {{type: torch, kv_cache_gib: {bad}}}\n")
+        with pytest.raises(ConfigError, match="kv_cache_gib"):
+            load_engine_config(path)
     path.write_text("executor: {type: torch, dtype: float16}\n")
     with pytest.raises(ConfigError, match="dtype"):
         load_engine_config(path)
@@ -80,7 +85,7 @@ def test_from_config_sizes_the_pool_from_the_memory_budget(tmp_path: Path) -> No
 def test_from_config_rejects_a_budget_below_one_block(tmp_path: Path) -> None:
     folder = write_tiny_llama(tmp_path / "tiny")
     config = engine_config(folder, tmp_path, kv_cache_gib=1e-9)
-    with pytest.raises(ValueError, match=r"kv_cache_gib=1e-09 holds no block of 8 tokens"):
+    with pytest.raises(ValueError, match=r"\(kv_cache_gib 1e-09\) holds no block of 8 tokens"):
         TorchExecutor.from_config(config.executor.options, config)
 
 
