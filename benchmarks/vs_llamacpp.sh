@@ -146,56 +146,19 @@ run_side llamacpp
 run_side ours
 
 "$PY" - "$OUT" "$FLAVOUR" "$CONCURRENCY" "$THREADS" "$LLAMACPP_BUILD.log" <<'PY'
-import json
-import re
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, "benchmarks/lib")
+from peer_runs import PeerRuns, cpu_line, log_line  # noqa: E402
 
 out, flavour, concurrency, threads = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 build_log = Path(sys.argv[5])
 sides = {"llamacpp": "llama.cpp", "ours": "ours"}
-
-
-def summary(run: str, side: str) -> dict:
-    return run_of(run, side)["summary"]
-
-
-def run_of(run: str, side: str) -> dict:
-    doc = json.loads((out / f"{run}-{side}" / "summary.json").read_text())
-    return doc["runs"][0]
-
-
-# Ratios mean something only if both servers did the same work: every request answered,
-# each to its max_tokens (a server that ignored ignore_eos would stop early).
-for run in ("single", "concurrent"):
-    workloads = {s: (out / f"{run}-{s}" / "workload.jsonl").read_text() for s in sides}
-    if len(set(workloads.values())) != 1:
-        sys.exit(f"vs_llamacpp: the {run} workloads differ between the servers")
-    want = sum(json.loads(line)["max_tokens"] for line in workloads["ours"].splitlines())
-    for side, name in sides.items():
-        s = summary(run, side)
-        if s["num_errors"] or s["output_tokens"] != want:
-            sys.exit(
-                f"vs_llamacpp: {name} {run}: {s['num_errors']} errors, {s['output_tokens']} "
-                f"output tokens of {want}; see {out}/{run}-{side}.log"
-            )
-
-
-def log_line(log: Path, pattern: str) -> str:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    found = re.search(pattern, text)
-    return found.group(1).strip() if found else f"(not in {log})"
-
-
-cpu = "unknown CPU"
-for line in Path("/proc/cpuinfo").read_text().splitlines():
-    if line.startswith("model name"):
-        cpu = line.split(":", 1)[1].strip()
-        break
-print(f"CPU: {cpu}; instruction set (CPUID, as torch reads it): "
-      f"{torch.backends.cpu.get_cpu_capability()}; {threads} threads each")
+runs = PeerRuns(out, "vs_llamacpp")
+summary, run_of = runs.summary, runs.run_of
+runs.require_same_work(("single", "concurrent"), sides)
+print(cpu_line(threads))
 # llama-server prints its instruction set only at trace verbosity; cmake states it.
 cpu_flags = log_line(build_log, r"Adding CPU backend variant ggml-cpu: (\S+)").replace(";", " ")
 print(f"llama.cpp ({flavour} build): ggml-cpu built with {cpu_flags}")

