@@ -243,3 +243,17 @@ def test_refusals_by_the_scheduler_are_followed_and_reported() -> None:
     outcomes.update(sched.room, now=0.35)
     # b's first token at 0.35 s: c's own 0.1 s of prefill would end past 0.35 s.
     assert outcomes.resolved == {"chat": 1} and outcomes.regretted == {}
+
+
+def test_shedding_the_last_waiting_request_leaves_the_scheduler_idle_with_room() -> None:
+    sched = scheduler(shed_after_deadline_s=0.0)
+    late = make_request(8, slo_class="chat", request_id="late", arrival_time=0.0)
+    sched.add_request(late, now=0.0)
+    # Nothing ran it before its deadline (0.35 s): the next step sheds it, and with
+    # nothing left the scheduler idles, which counts as room from then on.
+    plan = sched.schedule(1.0)
+    assert plan.is_empty
+    (shed,) = sched.update(plan, StepResult({}, duration_s=0.0), 1.0)
+    assert shed.error_code == "ttft_deadline_passed"
+    assert not sched.room.had_room(0.1, 0.9)
+    assert sched.room.had_room(2.0, 3.0)

@@ -198,6 +198,8 @@ class Scheduler:
             self._unqueue(request)
             error = self.slo.shed_error(request, now)
             self._end_unscheduled(request, now, error, "ttft_deadline_passed")
+        if not self.running and not self.waiting:
+            self.room.on_idle(now)
 
     def _end_unscheduled(self, request: Request, now: float, error: str, code: str) -> None:
         """End a request that left the queue (or its compile) with ``error``."""
