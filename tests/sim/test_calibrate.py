@@ -67,14 +67,20 @@ def test_fit_tolerates_noise() -> None:
 
 @pytest.mark.slow
 def test_calibrate_writes_a_profile_the_simulator_loads(tmp_path: Path) -> None:
-    assert main(None, tmp_path, repeats=1) == 0
+    # A fixed pool: with kv_cache_gib auto, each executor sizes it from the memory
+    # available at its start, which other processes move between the two starts.
+    config = tmp_path / "torch.yaml"
+    config.write_text("executor:\n  type: torch\n  kv_cache_gib: 0.25\n")
+    assert main(str(config), tmp_path, repeats=1) == 0
     hardware = load_gpu_spec(tmp_path / "local-cpu.yaml")
     assert 0 < hardware.bw_efficiency <= 1.5 and 0 < hardware.flops_efficiency <= 1.5
     sim = load_sim_config(tmp_path / "sim-local-cpu.yaml")
     executor = create_executor(sim.engine)
     assert isinstance(executor, SimExecutor)
     assert sim.engine.cache.num_blocks is not None
-    torch_blocks = create_executor(EngineConfig.model_validate({"executor": {"type": "torch"}}))
+    torch_blocks = create_executor(
+        EngineConfig.model_validate({"executor": {"type": "torch", "kv_cache_gib": 0.25}})
+    )
     assert sim.engine.cache.num_blocks == torch_blocks.info().num_kv_blocks
     step = executor.execute(shape_plan([(1, 256)] * 8, 16)).duration_s
     assert 1e-4 < step < 10.0
