@@ -19,7 +19,7 @@
 # shipped default config (CONFIG_DEFAULT) against CONFIG_SLO at SWEEP_LOADS (0.5 1 2 4)
 # x the default config's capacity (closed loop as in 1, or SWEEP_CAPACITY req/s), as a
 # short burst (BURST_REQUESTS, 64) and sustained (SUSTAINED_REQUESTS, 256) Poisson
-# arrivals; REPEATS (3) runs per cell, each config on a fresh server, the two on the same
+# arrivals (SWEEP_SHAPES, "burst sustained", picks which); REPEATS (3) runs per cell, each config on a fresh server, the two on the same
 # requests (seed SEED + repeat), which goes first alternating; per cell the medians of
 # goodput (their ratio), requests within the SLO, 429s and 503s, and the slo server's
 # regretted refusals (orchestrator_admission_regretted_refusals_total). Its last line:
@@ -33,7 +33,7 @@
 # Settings (environment): CONFIG_SLO, PORT, CAPACITY_REQUESTS, CONCURRENCY, DURATION_S,
 # LOAD, INPUT_LEN, OUTPUT_LEN, SEED, SLO_TTFT_MS, SLO_TPOT_MS, OUT, READY_TIMEOUT_S, ORCHESTRATOR, PYTHON,
 # and for the sweep SWEEP, SWEEP_ONLY, CONFIG_DEFAULT, SWEEP_LOADS, BURST_REQUESTS,
-# SUSTAINED_REQUESTS, REPEATS, SWEEP_CAPACITY.
+# SUSTAINED_REQUESTS, SWEEP_SHAPES, REPEATS, SWEEP_CAPACITY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,6 +56,7 @@ SWEEP=${SWEEP:-1}
 SWEEP_ONLY=${SWEEP_ONLY:-0}
 CONFIG_DEFAULT=${CONFIG_DEFAULT:-configs/serve/smollm2-cpu.yaml}
 SWEEP_LOADS=${SWEEP_LOADS:-0.5 1 2 4}
+SWEEP_SHAPES=${SWEEP_SHAPES:-burst sustained}
 BURST_REQUESTS=${BURST_REQUESTS:-64}
 SUSTAINED_REQUESTS=${SUSTAINED_REQUESTS:-256}
 REPEATS=${REPEATS:-3}
@@ -137,7 +138,7 @@ sweep() {
         stop_server
     fi
     local shape n load rate r cell first second turn=0
-    for shape in burst sustained; do
+    for shape in $SWEEP_SHAPES; do
         n=$BURST_REQUESTS
         [[ $shape == sustained ]] && n=$SUSTAINED_REQUESTS
         for load in $SWEEP_LOADS; do
@@ -157,7 +158,7 @@ sweep() {
             done
         done
     done
-    "$PY" - "$OUT/sweep" "$capacity" "$SWEEP_LOADS" "$REPEATS" <<'PY'
+    "$PY" - "$OUT/sweep" "$capacity" "$SWEEP_LOADS" "$REPEATS" "$SWEEP_SHAPES" <<'PY'
 """Medians over the repeats of each cell: goodput and its slo/default ratio, requests
 within the SLO, 429s and 503s, and the slo server's regretted refusals."""
 import json
@@ -165,6 +166,7 @@ import statistics
 import sys
 
 out, capacity, loads, repeats = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
+shapes = sys.argv[5].split()
 
 
 def run(cell: str, name: str) -> dict:
@@ -188,7 +190,7 @@ def run(cell: str, name: str) -> dict:
 print(f"capacity (default config, closed loop): {capacity:.2f} req/s; medians of {repeats}")
 print(f"{'shape':>9} {'load':>5} {'slo/default':>11}  {'slo met/429/503':>15} {'regret':>6}  {'default met/429/503':>19}")
 headline = {}
-for shape in ("burst", "sustained"):
+for shape in shapes:
     ratios = []
     for load in loads:
         cells = [f"{shape}-{load}x-r{r}" for r in range(repeats)]
@@ -207,7 +209,7 @@ for shape in ("burst", "sustained"):
         b_cell = f"{med(base, 'met'):g}/{med(base, '429'):g}/{med(base, '503'):g}"
         print(f"{shape:>9} {load:>4}x {ratio:>11}  {s_cell:>15} {med(slo, 'regretted'):>6g}  {b_cell:>19}")
     headline[shape] = ", ".join(ratios)
-print(f"served sweep slo/default goodput, burst: {headline['burst']}; sustained: {headline['sustained']}")
+print("served sweep slo/default goodput, " + "; ".join(f"{s}: {headline[s]}" for s in shapes))
 PY
 }
 
