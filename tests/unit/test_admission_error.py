@@ -14,6 +14,7 @@ from orchestrator.core.sched.scheduler import Scheduler
 from orchestrator.core.sched.slo import (
     MIN_CORRECTION,
     PRIOR_OUTCOMES,
+    RELEVANT_PREDICTION_SHARE,
     TtftOutcomes,
     assign_class,
 )
@@ -115,6 +116,21 @@ def test_a_forecast_that_runs_high_admits_beyond_it_within_a_floor() -> None:
     teach(low.admission.outcomes, "chat", [0.1] * 120)
     assert low.admission.outcomes.correction("chat") == MIN_CORRECTION
     assert not admits(low, 32 * 8)  # 0.8 s x 0.5 over 0.35 s
+
+
+def test_outcomes_of_short_predictions_do_not_move_the_correction() -> None:
+    outcomes = TtftOutcomes(quantile=0.75)
+    short = RELEVANT_PREDICTION_SHARE * 0.35 * 0.9  # under a quarter of the 350 ms target
+    for _ in range(16):
+        request = classed()
+        request.predicted_ttft_s = short
+        outcomes.admitted(request)
+        request.first_token_time = 3 * short  # a step's phase: three times the prediction
+    outcomes.update(RoomLog(), now=1.0)
+    assert outcomes.correction("chat") == 1.0
+    # At a quarter of the target and above, the same error counts.
+    teach(outcomes, "chat", [3.0] * 16)
+    assert outcomes.correction("chat") == pytest.approx(shrunk(3.0, 16))
 
 
 def test_the_operator_margin_still_applies_on_top() -> None:
