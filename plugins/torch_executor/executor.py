@@ -134,6 +134,8 @@ class TorchExecutor:
         )
         if runner.row_bound is not None:
             log.info("torch executor: %s", runner.row_bound.describe())
+        if runner.attention_bound is not None:
+            log.info("torch executor: %s", runner.attention_bound.describe())
 
     @classmethod
     def from_config(cls, config: Any, engine: EngineConfig) -> TorchExecutor:

@@ -26,10 +26,10 @@ from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.weights import ModelArgs
 
 # Chunks of at most this many rows attend row by row through the paged kernel, which
-# reads the cache in place; longer ones go through SDPA's fused kernel, whose blocked
-# matmuls win once enough rows share the keys. Measured on one SmolLM2 layer, bfloat16,
-# one thread, a chunk after 256 cached tokens: 16 rows 150 us (kernel) vs 178 us
-# (SDPA), 32 rows 298 vs 218 us.
+# reads the cache in place, where the executor has not measured a bound of its own
+# (attention_bound.py, which also keeps at least this many). Measured on one SmolLM2
+# layer, bfloat16, one thread, a chunk after 256 cached tokens: 16 rows 150 us (kernel)
+# vs 178 us (SDPA), 32 rows 298 vs 218 us.
 KERNEL_MAX_ROWS = 16
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
-from plugins.torch_executor import row_bound
+from plugins.torch_executor import attention_bound, row_bound
+from plugins.torch_executor.attention_bound import AttentionBound
 from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
 from plugins.torch_executor.grammar import Matchers
@@ -72,6 +73,10 @@ class ModelRunner:
     ``compact_max_rows``: the most rows a step may have for the compact projections;
     ``None`` measures it at start on this CPU with compact weights (``row_bound.py``;
     ``row_bound`` keeps the figures), else ``native.COMPACT_MAX_ROWS``.
+    ``kernel_max_rows``: the most rows of one request a step attends through the paged
+    kernel (more go through SDPA); ``None`` measures it at start on this CPU when the
+    kernels are loaded (``attention_bound.py``; ``attention_bound`` keeps the figures),
+    else ``paged.KERNEL_MAX_ROWS``, or 1 without the kernels.
     """
 
     def __init__(
@@ -86,6 +91,7 @@ class ModelRunner:
         weights_format: WeightFormat = WeightFormat.DENSE,
         matchers: Matchers | None = None,
         compact_max_rows: int | None = None,
+        kernel_max_rows: int | None = None,
     ) -> None:
         self.weights = weights
         self.matchers = matchers
@@ -119,8 +125,17 @@ class ModelRunner:
         self.stack = DecodeStack.for_model(
             self.kernels, weights, self.cache, weights_format, compact_max_rows
         )
-        # The torch-op attention handles one query per sequence; the kernel any few.
-        self.kernel_max_rows = 1 if self.kernels is None else KERNEL_MAX_ROWS
+        self.attention_bound: AttentionBound | None = None
+        if self.kernels is None:
+            kernel_max_rows = 1  # the torch-op row attention takes one query per sequence
+        elif kernel_max_rows is None:
+            kernel_max_rows = KERNEL_MAX_ROWS
+            self.attention_bound = attention_bound.measure(
+                self.kernels, self.args, self.rope, weights.dtype
+            )
+            if self.attention_bound is not None:
+                kernel_max_rows = self.attention_bound.rows
+        self.kernel_max_rows = kernel_max_rows
         self.graphs = (
             DecodeGraphs(weights, self.cache, self.rope, max_model_len, capture=True)
             if cuda_graphs and self.device.type == "cuda"

@@ -14,10 +14,11 @@ import torch
 from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
+from plugins.torch_executor.attention_bound import EVERY_CHUNK
 from plugins.torch_executor.compact import WeightFormat
 from plugins.torch_executor.kernel_build import VARIANT_NAMES
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
-from plugins.torch_executor.paged import StepBatch
+from plugins.torch_executor.paged import KERNEL_MAX_ROWS, StepBatch
 from plugins.torch_executor.runner import ModelRunner
 from plugins.torch_executor.stack import DecodeStack
 from plugins.torch_executor.weights import LlamaWeights, load_folder
@@ -66,11 +67,17 @@ class Counted:
 
 
 def runner(
-    weights: LlamaWeights, kernels: Kernels, fmt: WeightFormat, max_rows: int = COMPACT_MAX_ROWS
+    weights: LlamaWeights,
+    kernels: Kernels,
+    fmt: WeightFormat,
+    max_rows: int = COMPACT_MAX_ROWS,
+    kernel_rows: int = KERNEL_MAX_ROWS,
 ) -> ModelRunner:
+    # Runners compared route attention alike (a given bound, not one measured per
+    # runner): what differs between them is only the stack.
     return ModelRunner(
         weights, 64, BLOCK, 256, torch.Generator().manual_seed(0), kernels,
-        weights_format=fmt, compact_max_rows=max_rows,
+        weights_format=fmt, compact_max_rows=max_rows, kernel_max_rows=kernel_rows,
     )  # fmt: skip
 
 
@@ -87,12 +94,28 @@ STEPS = [
 ]
 
 
+# (compact row bound, attention kernel row bound, steps that run stacked): the fixed
+# bounds, where the third and last steps are too long for the stack; and bounds as
+# measured on CPUs where the kernel attends every chunk, where every step runs stacked.
+ROUTINGS = [
+    (COMPACT_MAX_ROWS, KERNEL_MAX_ROWS, len(STEPS) - 2),
+    (64, EVERY_CHUNK, len(STEPS)),
+]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.BFLOAT16])
+@pytest.mark.parametrize("routing", ROUTINGS, ids=["fixed", "every-chunk"])
 def test_the_stack_gives_the_op_by_op_logits_bit_for_bit(
-    kernels: Kernels, weights: LlamaWeights, fmt: WeightFormat, threads: int
+    kernels: Kernels,
+    weights: LlamaWeights,
+    fmt: WeightFormat,
+    threads: int,
+    routing: tuple[int, int, int],
 ) -> None:
-    stacked, op_by_op = runner(weights, kernels, fmt), runner(weights, kernels, fmt)
+    max_rows, kernel_rows, num_stacked = routing
+    stacked = runner(weights, kernels, fmt, max_rows, kernel_rows)
+    op_by_op = runner(weights, kernels, fmt, max_rows, kernel_rows)
     assert stacked.stack is not None
     counted = Counted(stacked.stack)
     stacked.stack = counted  # type: ignore[assignment]
@@ -113,7 +136,7 @@ def test_the_stack_gives_the_op_by_op_logits_bit_for_bit(
             assert torch.equal(got.logits, expected.logits), step
     finally:
         torch.set_num_threads(previous)
-    assert counted.calls == len(STEPS) - 2, "every step but the two long ones ran stacked"
+    assert counted.calls == num_stacked
 
 
 def test_the_stack_needs_compact_float32_weights(
