@@ -21,9 +21,11 @@ its roofline (100% = at the roof).
 
 Each table is one kernel variant (``--variants``: the one this CPU selects, a list, or
 ``all`` it can run, each forced as ``ORCHESTRATOR_CPU_ISA`` would) and one setup
-(``--setups``: ``dtype/weights`` pairs; default what ``dtype: auto`` and ``weights:
-auto`` pick here, then float32 with dense weights as the baseline). The last line, for
-the first variant and setup, is:
+(``--setups``: ``dtype/weights`` or ``dtype/weights/matmul_dtype``, the matmuls in the
+model's dtype where not given; default what ``dtype: auto``, ``matmul_dtype: auto`` and
+``weights: auto`` pick here, then float32 with dense weights as the baseline). A
+prefill's roof is the matmul rate of its matmuls' dtype; a decode's KV bytes are the
+cache's. The last line, for the first variant and setup, is:
 
     <variant> <dtype>/<weights>: decode B=1 <a>%, B=64 <b>% of roofline; prefill <c>% of <dtype> matmul
 
@@ -53,7 +55,7 @@ from plugins.torch_executor import TorchExecutor, kernel_build
 from plugins.torch_executor.config import DEFAULT_CACHE_DIR
 from plugins.torch_executor.cpu_features import cpu_model, detect
 from plugins.torch_executor.paged import PagedKVCache
-from plugins.torch_executor.precision import resolve_dtype, resolve_weights
+from plugins.torch_executor.precision import resolve_dtype, resolve_matmul_dtype, resolve_weights
 from plugins.torch_executor.weights import LlamaWeights, cached_gguf_folder, load_folder
 
 BLOCK_SIZE = 16
@@ -118,14 +120,15 @@ def prefill_flops(weights: LlamaWeights, tokens: int) -> float:
 
 
 def decode_bytes(executor: TorchExecutor, batch: int, context: int) -> float:
-    weights = executor.runner.weights
-    kv = PagedKVCache.bytes_per_block(weights.args, 1, weights.dtype) * batch * (context + 1)
-    return executor.runner.decode_weight_bytes + kv
+    runner = executor.runner
+    kv_dtype = runner.cache.k[0].dtype
+    kv = PagedKVCache.bytes_per_block(runner.args, 1, kv_dtype) * batch * (context + 1)
+    return runner.decode_weight_bytes + kv
 
 
-def gemm_probes(weights: LlamaWeights, device: torch.device) -> list[Probe]:
-    """The square GEMM and the model's layer GEMMs at 512 rows, in the weights' dtype."""
-    dtype = weights.dtype
+def gemm_probes(weights: LlamaWeights, device: torch.device, dtype: torch.dtype) -> list[Probe]:
+    """The square GEMM and the model's layer GEMMs at 512 rows, in ``dtype`` (the
+    matmuls' dtype)."""
     a = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
     b = torch.randn(GEMM_SIZE, GEMM_SIZE, device=device).to(dtype)
     probes = [Probe(f"gemm {GEMM_SIZE}^3", lambda: a @ b, 2 * GEMM_SIZE**3, [])]
@@ -134,8 +137,11 @@ def gemm_probes(weights: LlamaWeights, device: torch.device) -> list[Probe]:
     x = torch.randn(rows, weights.args.hidden_size, device=device).to(dtype)
     y = torch.randn(rows, weights.args.intermediate_size, device=device).to(dtype)
 
+    linears = [lin if dtype == weights.dtype else lin.as_bfloat16() for lin in layer.linears]
+    qkv, o, gate_up, down = linears
+
     def model_gemms() -> None:
-        layer.qkv(x), layer.o(x), layer.gate_up(x), layer.down(y)
+        qkv(x), o(x), gate_up(x), down(y)
 
     flops = 2 * rows * sum(lin.out_features * lin.in_features for lin in layer.linears)
     probes.append(Probe(f"layer GEMMs x{rows}", model_gemms, flops, []))
@@ -147,13 +153,17 @@ def step_probe(name: str, executor: TorchExecutor, plan: SchedulerOutput, work: 
 
 
 def run(
-    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"], weights_format: str
+    weights: LlamaWeights,
+    repeats: int,
+    kernels: Literal["auto", "torch"],
+    weights_format: str,
+    matmul_dtype: str,
 ) -> tuple[TorchExecutor, Probe, list[Probe], list[Probe], list[Probe]]:
     device = weights.device
     src = torch.empty(2**28, dtype=torch.uint8, device=device).fill_(1)  # 256 MiB
     dst = torch.empty_like(src)
     copy = Probe("copy 256 MiB", lambda: dst.copy_(src), 2 * src.numel(), [])
-    gemms = gemm_probes(weights, device)
+    gemms = gemm_probes(weights, device, getattr(torch, matmul_dtype))
     blocks = max(DECODE_BATCHES) * -(-(DECODE_CONTEXT + 1) // BLOCK_SIZE)
     blocks = max(blocks, -(-max(PREFILL_CHUNKS) // BLOCK_SIZE))
     executor = TorchExecutor(
@@ -162,6 +172,7 @@ def run(
         num_blocks=blocks,
         kernels=kernels,
         weights_format=weights_format,  # type: ignore[arg-type]
+        matmul_dtype=matmul_dtype,  # type: ignore[arg-type]
     )
     decodes = [
         step_probe(
@@ -187,16 +198,23 @@ def run(
 
 
 def report(
-    weights: LlamaWeights, repeats: int, kernels: Literal["auto", "torch"], weights_format: str
+    weights: LlamaWeights,
+    repeats: int,
+    kernels: Literal["auto", "torch"],
+    weights_format: str,
+    matmul_dtype: str,
 ) -> tuple[float, float, float]:
     """Print one setup's table; return (decode B=1 %, decode B=64 %, worst prefill %)."""
-    executor, copy, gemms, decodes, prefills = run(weights, repeats, kernels, weights_format)
+    executor, copy, gemms, decodes, prefills = run(
+        weights, repeats, kernels, weights_format, matmul_dtype
+    )
     ran = dict(executor.platform)
     executor.shutdown()
     bandwidth = copy.best_rate
     matmul = max(g.best_rate for g in gemms)
     print(
-        f"kernels {ran['kernels']}, dtype {ran['dtype']}, weights {ran['weights']}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (median "
+        f"kernels {ran['kernels']}, dtype {ran['dtype']}, weights {ran['weights']}, matmuls "
+        f"{ran.get('matmul_dtype', ran['dtype'])}: copy bandwidth {bandwidth / 1e9:.1f} GB/s (median "
         f"{copy.work / copy.seconds / 1e9:.1f}); matmul "
         + ", ".join(f"{g.name} {g.best_rate / 1e12:.2f} TFLOP/s" for g in gemms)
         + f" (roof {matmul / 1e12:.2f})"
@@ -223,11 +241,21 @@ def report(
 
 
 def default_setups(device: str, kernels: str) -> str:
-    """What ``dtype: auto`` and ``weights: auto`` pick here, then float32 dense."""
-    dtype, _ = resolve_dtype("auto", device, kernel_build.effective(detect()))
-    fmt, _ = resolve_weights("auto", dtype, device, device == "cpu" and kernels == "auto")
-    setups = [f"{dtype}/{fmt}"]
-    return ",".join(setups if setups[0] == "float32/dense" else [*setups, "float32/dense"])
+    """What ``dtype``, ``matmul_dtype`` and ``weights: auto`` pick here, then float32
+    dense."""
+    features = kernel_build.effective(detect())
+    dtype, _ = resolve_dtype("auto", device, features)
+    matmul, _ = resolve_matmul_dtype("auto", "auto", dtype, device, features)
+    loaded = device == "cpu" and kernels == "auto"
+    fmt, _ = resolve_weights("auto", dtype, device, loaded, matmul)
+    first = f"{dtype}/{fmt}" if matmul == dtype else f"{dtype}/{fmt}/{matmul}"
+    return ",".join([first] if first == "float32/dense" else [first, "float32/dense"])
+
+
+def matmul_of(setup: str) -> str:
+    """The matmuls' dtype of a ``dtype/weights[/matmul_dtype]`` setup."""
+    parts = setup.split("/")
+    return parts[2] if len(parts) > 2 else parts[0]
 
 
 def main() -> None:
@@ -236,7 +264,8 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument(
-        "--setups", help="dtype/weights pairs (default: auto here, then float32/dense)"
+        "--setups",
+        help="dtype/weights[/matmul_dtype] (default: auto here, then float32/dense)",
     )
     parser.add_argument(
         "--variants", help="kernel variants, or 'all' this CPU runs (default: its own)"
@@ -268,14 +297,16 @@ def main() -> None:
     for variant in variants:
         os.environ[kernel_build.ISA_ENV] = variant
         for setup in setups:
-            dtype, fmt = setup.split("/")
+            dtype, fmt = setup.split("/")[:2]
             weights = load_folder(folder, getattr(torch, dtype), args.device)
-            results[variant, setup] = report(weights, args.repeats, args.kernels, fmt)
+            results[variant, setup] = report(
+                weights, args.repeats, args.kernels, fmt, matmul_of(setup)
+            )
             del weights
     b1, b64, prefill = results[variants[0], setups[0]]
     print(
         f"{variants[0]} {setups[0]}: decode B=1 {b1:.0f}%, B={max(DECODE_BATCHES)} {b64:.0f}% "
-        f"of roofline; prefill {prefill:.0f}% of {setups[0].split('/')[0]} matmul"
+        f"of roofline; prefill {prefill:.0f}% of {matmul_of(setups[0])} matmul"
     )
 
 

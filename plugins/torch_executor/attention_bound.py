@@ -87,17 +87,22 @@ def choose(timings: dict[int, tuple[float, float]]) -> int:
 
 
 def measure(
-    kernels: Kernels, args: ModelArgs, rope: RotaryTable, dtype: torch.dtype
+    kernels: Kernels,
+    args: ModelArgs,
+    rope: RotaryTable,
+    dtype: torch.dtype,
+    kv_dtype: torch.dtype | None = None,
 ) -> AttentionBound | None:
     """Time one layer's attention through the kernel and through SDPA for the
-    ``CANDIDATES`` that fit ``rope``'s positions (module doc); ``None`` when none fits
-    (a model length under 64 tokens)."""
+    ``CANDIDATES`` that fit ``rope``'s positions (module doc), in ``dtype`` over a cache
+    of ``kv_dtype`` (``None``: ``dtype``); ``None`` when none fits (a model length under
+    64 tokens)."""
     fitting = [r for r in CANDIDATES if 2 * r <= rope.cos.shape[0]]
     if not fitting:
         return None
     one_layer = dataclasses.replace(args, num_layers=1)
     blocks = -(-2 * fitting[-1] // BLOCK_SIZE)
-    cache = PagedKVCache(one_layer, blocks, BLOCK_SIZE, dtype)
+    cache = PagedKVCache(one_layer, blocks, BLOCK_SIZE, kv_dtype or dtype)
     table = list(range(blocks))
     gen = torch.Generator().manual_seed(0)
     width = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim

@@ -16,14 +16,22 @@ class TorchExecutorConfig(BaseModel):
 
     - ``device``: ``cpu``, or ``cuda`` for the first GPU (the same forward, with
       captured CUDA graphs for decode steps).
-    - ``dtype``: activations, KV cache and dense weights. ``auto`` (the default): bfloat16
-      where the CPU computes it natively (AMX-BF16, AVX512-BF16, AVX-NE-CONVERT) and on
-      CUDA, float32 elsewhere; an explicit ``bfloat16`` on a CPU that cannot run it is a
-      start-up error naming the missing features (``precision.py``).
-    - ``weights``: how the projections' weights are stored. ``auto``: ``int8`` (per-group
-      scales) for the float32 model on CPU with the CPU kernels, ``dense`` otherwise;
+    - ``dtype``: activations, residual stream and dense weights. ``auto`` (the default):
+      bfloat16 on a CPU with AMX and on CUDA; float32 with bfloat16 matmuls and KV cache
+      (``matmul_dtype``) on a CPU whose bfloat16 is native without AMX (AVX512-BF16,
+      AVX-NE-CONVERT); float32 elsewhere. An explicit ``bfloat16`` on a CPU that cannot
+      run it is a start-up error naming the missing features (``precision.py``).
+    - ``weights``: how the projections' weights are stored for small decode batches.
+      ``auto``: for the float32 model on CPU with the CPU kernels, ``int8`` (per-group
+      scales), or ``bfloat16`` where its matmuls are bfloat16; ``dense`` otherwise.
       ``int8`` and ``bfloat16`` (stored, widened to float32 in registers) need
       ``dtype: float32`` on CPU and the kernels. Accuracy of each: docs/torch_executor.md.
+    - ``matmul_dtype``: what the float32 model's dense matmuls (prefill chunks, decode
+      batches past the compact weights' bound) compute in: ``float32``, ``bfloat16``
+      (inputs and weights rounded to bfloat16, residual sums in float32, and the KV cache
+      stored in bfloat16; needs a CPU where oneDNN runs bfloat16), or ``auto`` (the
+      default: bfloat16 where ``dtype: auto`` chose float32 on a CPU with native
+      bfloat16, else the model's dtype). A bfloat16 model's matmuls are bfloat16.
     - ``kernels``: ``auto`` loads the CPU kernels of the highest ISA level this CPU runs
       (``ORCHESTRATOR_CPU_ISA`` forces a lower one), prebuilt or built on first use with
       the system C++ compiler, and falls back to torch ops where none loads; ``torch``
@@ -48,6 +56,7 @@ class TorchExecutorConfig(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     weights: Literal["auto", "dense", "int8", "bfloat16"] = "auto"
+    matmul_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     kernels: Literal["auto", "torch"] = "auto"
     cuda_graphs: bool = True
     num_threads: int | None = Field(None, ge=1)

@@ -28,7 +28,6 @@ from plugins.torch_executor.plan import (
     TORCH_OPS,
     CpuPlatform,
     ExecutorPlan,
-    options_dtype,
     plan_options,
     resolve_plan,
 )
@@ -92,11 +91,18 @@ class TorchExecutor:
         cuda_graphs: bool = True,
         weights_format: Literal["auto", "dense", "int8", "bfloat16"] = "dense",
         grammar: GrammarBackend | None = None,
+        matmul_dtype: Literal["auto", "float32", "bfloat16"] = "float32",
+        compact_max_rows: int | None = None,
     ) -> None:
         """Serve ``weights`` (shared, never modified) with a fresh KV pool of
         ``num_blocks`` blocks of ``block_size`` tokens on the weights' device. ``seed``
         seeds the generator of sampled requests without a seed of their own (``None``:
-        fresh entropy). ``grammar``: the constraint backend (``None``: none enforced)."""
+        fresh entropy). ``grammar``: the constraint backend (``None``: none enforced).
+        ``matmul_dtype``: what the float32 model's dense matmuls compute in
+        (``precision.resolve_matmul_dtype``). ``compact_max_rows``: the most rows a step
+        may have for compact weights (``None``: measured at start, ``row_bound.py``)."""
+        import torch
+
         from plugins.torch_executor.compact import WeightFormat
         from plugins.torch_executor.runner import ModelRunner
 
@@ -111,7 +117,7 @@ class TorchExecutor:
         self.eos_token_ids = args.eos_token_ids
         self._num_blocks = num_blocks
         rng = _generator(seed)
-        self.plan, loaded = _resolve(weights, kernels, weights_format, kernel_dir)
+        self.plan, loaded = _resolve(weights, kernels, weights_format, matmul_dtype, kernel_dir)
         self.grammar = grammar
         matchers = _matchers(grammar, args.vocab_size)
         runner = ModelRunner(
@@ -124,6 +130,8 @@ class TorchExecutor:
             cuda_graphs,
             WeightFormat(self.plan.weights),
             matchers,
+            compact_max_rows=compact_max_rows,
+            matmul_dtype=getattr(torch, self.plan.matmul_dtype),
         )
         self._runner: ModelRunner | None = runner
         self.platform = self.plan.platform(runner.compact_max_rows)
@@ -144,6 +152,7 @@ class TorchExecutor:
         import torch
 
         from plugins.torch_executor.paged import PagedKVCache
+        from plugins.torch_executor.runner import kv_cache_dtype
         from plugins.torch_executor.weights import load_weights
 
         options = (
@@ -159,9 +168,15 @@ class TorchExecutor:
         onednn_cap = kernel_build.cap_onednn(detect())
         if onednn_cap is not None:
             log.info("torch executor: oneDNN capped at %s", onednn_cap)
-        name, why = options_dtype(options, detect())
-        log.info("torch executor dtype %s (%s)", name, why)
-        dtype = getattr(torch, name)
+        # The choices as the config makes them on this CPU, the kernels assumed to load
+        # (the executor resolves its plan again from what did load).
+        planned = plan_options(options, CpuPlatform.read())
+        log.info(
+            "torch executor dtype %s (%s), matmuls %s (%s)",
+            planned.dtype, planned.dtype_why, planned.matmul_dtype, planned.matmul_why,
+        )  # fmt: skip
+        dtype = getattr(torch, planned.dtype)
+        kv_dtype = kv_cache_dtype(dtype, getattr(torch, planned.matmul_dtype))
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
         block_size = engine.cache.block_size
         if options.device == "cuda":
@@ -170,7 +185,7 @@ class TorchExecutor:
             available = available_cpu_memory_bytes()
         pool = kv_pool_size(
             kv_cache_gib=options.kv_cache_size_gib,
-            bytes_per_block=PagedKVCache.bytes_per_block(weights.args, block_size, dtype),
+            bytes_per_block=PagedKVCache.bytes_per_block(weights.args, block_size, kv_dtype),
             block_size=block_size,
             max_batch_size=engine.scheduler.max_batch_size,
             max_model_len=engine.model.max_model_len or weights.args.max_position_embeddings,
@@ -189,6 +204,7 @@ class TorchExecutor:
             cuda_graphs=options.cuda_graphs,
             weights_format=options.weights,
             grammar=grammar,
+            matmul_dtype=planned.matmul_dtype,
         )
 
     @classmethod
@@ -257,12 +273,14 @@ def _resolve(
     weights: LlamaWeights,
     kernels: Literal["auto", "torch"],
     weights_format: str,
+    matmul_dtype: str,
     kernel_dir: Path | None,
 ) -> tuple[ExecutorPlan, Kernels | None]:
     """The plan ``weights`` run with, and the CPU kernels it runs (``None``: torch ops):
     with ``kernels: auto``, on the CPU, in a dtype they have a variant for, those that
     load (``native.load_kernels``, which falls back to a lower variant); the weight
-    format as ``weights_format`` asks where the model and the kernels allow it."""
+    format and the matmuls' dtype as ``weights_format`` and ``matmul_dtype`` ask where
+    the model, the CPU and the kernels allow them."""
     import torch
 
     from plugins.torch_executor import native
@@ -274,7 +292,12 @@ def _resolve(
     dtype: Dtype = "bfloat16" if weights.dtype == torch.bfloat16 else "float32"
     variant = loaded.variant if loaded is not None else TORCH_OPS
     plan = resolve_plan(
-        device, (dtype, "the weights'"), variant, weights_format, CpuPlatform.read()
+        device,
+        (dtype, "the weights'"),
+        variant,
+        weights_format,
+        (matmul_dtype, dtype),
+        CpuPlatform.read(),
     )
     return plan, loaded
 

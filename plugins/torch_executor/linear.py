@@ -9,6 +9,11 @@ Two ways to run it on CPU:
 - **Compact weights** (``compact.py``: int8 with per-group scales, or bfloat16) for the
   float32 model's decode-sized matmuls: ``compact_weight(fmt)``, which the CPU kernels'
   compact projections read.
+- **bfloat16 matmuls for the float32 model** (``bfloat16_linear``, ``bfloat16_linear_add``)
+  where the CPU computes bfloat16 natively: the activations rounded to bfloat16 meet
+  ``as_bfloat16()``, a copy of the layer over the weight rounded once to bfloat16; the
+  product is bfloat16, and residual sums stay float32. What the float32 model runs for
+  the batches its compact weights do not take (``matmul_dtype``).
 - **oneDNN**, everywhere else: ``__call__`` and ``add``. ``F.linear`` on CPU reorders the
   weight for oneDNN (bfloat16) or calls MKL (float32) on every call; packing once and
   calling oneDNN's linear directly ran 2-3x faster at decode sizes (1-64 rows) and
@@ -67,9 +72,11 @@ class Linear:
         self._pack = pack and self._on_cpu and torch.backends.mkldnn.is_available()
         if self.dtype == torch.bfloat16 and not detect().onednn_bfloat16:
             self._pack = False  # oneDNN's bfloat16 reorder raises on this CPU
+        self._pack_asked = pack
         self._packed: torch.Tensor | None = None
         self._tiles: torch.Tensor | None = None
         self._compact: dict[WeightFormat, CompactWeight] = {}
+        self._bfloat16: Linear | None = None
 
     @property
     def num_bytes(self) -> int:
@@ -110,6 +117,17 @@ class Linear:
             self._compact[fmt] = compact(self.weight, fmt)
         return self._compact[fmt]
 
+    def as_bfloat16(self) -> Linear:
+        """This layer over its weight rounded to bfloat16 (itself when it is bfloat16),
+        packed and switched to the dense weight as this one is; built on the first call."""
+        if self.dtype == torch.bfloat16:
+            return self
+        if self._bfloat16 is None:
+            self._bfloat16 = Linear(
+                self.weight.to(torch.bfloat16), self._pack_asked, self._dense_from_rows
+            )
+        return self._bfloat16
+
     def packed_weight(self) -> torch.Tensor | None:
         """oneDNN's packed copy, built on the first call; ``None`` without ``pack``."""
         if self._packed is None and self._pack:
@@ -148,3 +166,16 @@ class Linear:
         else:
             y = torch.addmm(residual, x, self.weight.t())
         return y if padded == rows else y[:rows]
+
+
+def bfloat16_linear(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` through ``layer.as_bfloat16()``: ``x`` rounded to bfloat16, products
+    summed in float32 and rounded once to bfloat16 (oneDNN's output, returned as is:
+    the ops that read it widen it where they need float32)."""
+    return layer.as_bfloat16()(x.to(torch.bfloat16))
+
+
+def bfloat16_linear_add(layer: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + bfloat16_linear(layer, x)``, summed in ``residual``'s dtype (float32 for
+    the float32 model: its residual stream keeps float32's precision)."""
+    return residual + bfloat16_linear(layer, x)

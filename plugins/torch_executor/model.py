@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from plugins.torch_executor.compact import WeightFormat
-from plugins.torch_executor.linear import Linear
+from plugins.torch_executor.linear import Linear, bfloat16_linear, bfloat16_linear_add
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
 from plugins.torch_executor.weights import LayerWeights, LlamaWeights, ModelArgs
 
@@ -122,21 +122,73 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 TORCH_OPS = Ops(norm=rms_norm, silu_mul=silu_mul)
 
 
+@dataclass(frozen=True, slots=True)
+class Matmuls:
+    """How the dense projections run: ``linear(layer, x)`` and ``linear_add(layer, x,
+    residual)``, in the model's dtype (``DENSE``), or, for the float32 model, in bfloat16
+    (``BFLOAT16``: ``linear.bfloat16_linear``, bfloat16 products, residual sums in
+    float32). ``input_dtype``: what they round their inputs to (``None``: nothing), which
+    a norm feeding them may write directly."""
+
+    linear: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__
+    linear_add: Callable[[Linear, torch.Tensor, torch.Tensor], torch.Tensor] = Linear.add
+    input_dtype: torch.dtype | None = None
+
+
+DENSE = Matmuls()
+BFLOAT16 = Matmuls(bfloat16_linear, bfloat16_linear_add, torch.bfloat16)
+
+
+def torch_ops(dense: Matmuls = DENSE) -> Ops:
+    """Torch's own ops, the projections and the LM head as ``dense`` runs them."""
+    if dense is DENSE:
+        return TORCH_OPS
+    return Ops(rms_norm, silu_mul, dense.linear, dense.linear_add, dense.linear)
+
+
+def _norm_for(
+    kernels: Kernels,
+    dense: Matmuls,
+    max_rows: int,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """RMSNorm through the kernels, written in ``dense``'s input dtype for batches of more
+    than ``max_rows`` rows (the ones ``dense`` takes): one rounding, no separate cast."""
+    return kernels.rms_norm(x, weight, eps, dense.input_dtype if x.shape[0] > max_rows else None)
+
+
 def kernel_ops(
-    kernels: Kernels, weights: WeightFormat = WeightFormat.DENSE, max_rows: int = COMPACT_MAX_ROWS
+    kernels: Kernels,
+    weights: WeightFormat = WeightFormat.DENSE,
+    max_rows: int = COMPACT_MAX_ROWS,
+    dense: Matmuls = DENSE,
 ) -> Ops:
     """A layer's parts through the CPU ``kernels``: the elementwise ones always; the
     projections (and the LM head) over ``weights`` when it is compact (for batches of
-    up to ``max_rows`` rows), else the layers' projections on AMX tiles where
-    available."""
+    up to ``max_rows`` rows; longer ones as ``dense`` runs them), else as ``dense`` runs
+    them: bfloat16 matmuls, or the layers' projections on AMX tiles where available."""
+    if weights is WeightFormat.DENSE:
+        max_rows = 0  # no batch runs on compact weights
+    norm = (
+        kernels.rms_norm
+        if dense.input_dtype is None
+        else partial(_norm_for, kernels, dense, max_rows)
+    )
     if weights is not WeightFormat.DENSE:
+        linear = partial(kernels.compact_linear, weights, max_rows=max_rows, dense=dense.linear)
         return Ops(
-            norm=kernels.rms_norm,
+            norm=norm,
             silu_mul=kernels.silu_mul,
-            linear=partial(kernels.compact_linear, weights, max_rows=max_rows),
-            linear_add=partial(kernels.compact_linear_add, weights, max_rows=max_rows),
-            head=partial(kernels.compact_linear, weights, max_rows=max_rows),
+            linear=linear,
+            linear_add=partial(
+                kernels.compact_linear_add, weights, max_rows=max_rows, dense=dense.linear_add
+            ),
+            head=linear,
         )
+    if dense is not DENSE:
+        return Ops(norm, kernels.silu_mul, dense.linear, dense.linear_add, dense.linear)
     if not kernels.has_tile_linear:
         return Ops(norm=kernels.rms_norm, silu_mul=kernels.silu_mul)
     return Ops(

@@ -114,12 +114,17 @@ class Kernels:
         return self._tile_linear(layer, x, residual.contiguous())
 
     def compact_linear(
-        self, fmt: WeightFormat, layer: Linear, x: torch.Tensor, max_rows: int = COMPACT_MAX_ROWS
+        self,
+        fmt: WeightFormat,
+        layer: Linear,
+        x: torch.Tensor,
+        max_rows: int = COMPACT_MAX_ROWS,
+        dense: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__,
     ) -> torch.Tensor:
         """``layer(x)`` over ``layer``'s ``fmt`` weights for float32 ``x`` of 1 to
-        ``max_rows`` rows; through ``layer`` itself otherwise."""
+        ``max_rows`` rows; through ``dense(layer, x)`` otherwise."""
         if not self._compact_applies(fmt, layer, x, max_rows):
-            return layer(x)
+            return dense(layer, x)
         return self._compact_linear(fmt, layer, x, None)
 
     def compact_linear_add(
@@ -129,10 +134,12 @@ class Kernels:
         x: torch.Tensor,
         residual: torch.Tensor,
         max_rows: int = COMPACT_MAX_ROWS,
+        dense: Callable[[Linear, torch.Tensor, torch.Tensor], torch.Tensor] = Linear.add,
     ) -> torch.Tensor:
-        """``layer.add(x, residual)``, over compact weights as ``compact_linear``."""
+        """``layer.add(x, residual)``, over compact weights as ``compact_linear``; through
+        ``dense(layer, x, residual)`` otherwise."""
         if not self._compact_applies(fmt, layer, x, max_rows):
-            return layer.add(x, residual)
+            return dense(layer, x, residual)
         return self._compact_linear(fmt, layer, x, residual.contiguous())
 
     @staticmethod
@@ -173,18 +180,38 @@ class Kernels:
         )  # fmt: skip
         return out
 
-    def _fn(self, name: str, dtype: torch.dtype) -> Callable[..., None]:
-        fn: Callable[..., None] = getattr(self.lib, f"{name}_{_SUFFIX[dtype]}")
+    def _fn(
+        self, name: str, dtype: torch.dtype, cache: torch.dtype | None = None
+    ) -> Callable[..., None]:
+        """The export of ``name`` for ``dtype``, over a KV cache of ``cache`` (``None``:
+        the same dtype; bfloat16 for float32: the ``_bf16kv`` exports)."""
+        suffix = _SUFFIX[dtype]
+        if cache is not None and cache != dtype:
+            assert dtype == torch.float32 and cache == torch.bfloat16
+            suffix += "_bf16kv"
+        fn: Callable[..., None] = getattr(self.lib, f"{name}_{suffix}")
         return fn
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """``x``: ``[rows, dim]``, ``weight``: ``[dim]`` -> ``[rows, dim]``."""
+    def rms_norm(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        """``x``: ``[rows, dim]``, ``weight``: ``[dim]`` -> ``[rows, dim]`` in ``x``'s
+        dtype, or in bfloat16 for float32 ``x`` with ``out_dtype=torch.bfloat16`` (the
+        product rounded once, as it is stored)."""
         x = x.contiguous()
-        out = torch.empty_like(x)
         rows, dim = x.shape
-        self._fn("rms_norm", x.dtype)(
-            _ptr(x), _ptr(weight), _ptr(out), rows, dim, eps, torch.get_num_threads()
-        )
+        args = (rows, dim, eps, torch.get_num_threads())
+        if out_dtype is not None and out_dtype != x.dtype:
+            assert x.dtype == torch.float32 and out_dtype == torch.bfloat16
+            out = torch.empty_like(x, dtype=out_dtype)
+            self.lib.rms_norm_f32_bf16(_ptr(x), _ptr(weight), _ptr(out), *args)
+            return out
+        out = torch.empty_like(x)
+        self._fn("rms_norm", x.dtype)(_ptr(x), _ptr(weight), _ptr(out), *args)
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -215,13 +242,15 @@ class Kernels:
         head_dim]``; ``k_cache``: ``[kv_heads, num_blocks, head_dim, block_size]``;
         ``v_cache``: ``[kv_heads, num_blocks, block_size, head_dim]``; ``head_dim <= 512``.
         Writes K (rotated) and V at ``slots``; returns the rotated queries ``[n, heads,
-        head_dim]`` and, with ``return_k``, the rotated keys ``[n, kv_heads, head_dim]``."""
+        head_dim]`` and, with ``return_k``, the rotated keys ``[n, kv_heads, head_dim]``.
+        The caches may be bfloat16 for float32 ``qkv``: K and V are rounded as stored,
+        and the keys returned are as the cache holds them."""
         qkv = qkv.contiguous()
         n = qkv.shape[0]
         kv_heads, num_blocks, hd, bs = k_cache.shape
         q = qkv.new_empty((n, heads, hd))
         k = qkv.new_empty((n, kv_heads, hd)) if return_k else None
-        self._fn("rope_store", qkv.dtype)(
+        self._fn("rope_store", qkv.dtype, k_cache.dtype)(
             _ptr(qkv), _ptr(positions), _ptr(cos), _ptr(sin), _ptr(slots), _ptr(k_cache),
             _ptr(v_cache), _ptr(q), 0 if k is None else _ptr(k), n, heads, kv_heads, hd,
             num_blocks, bs, torch.get_num_threads(),
@@ -242,12 +271,13 @@ class Kernels:
         """``q``: ``[n, heads, head_dim]``; caches as in ``rope_store``; ``tables``:
         ``[num_seqs, max_blocks]`` block ids; ``seqs``: ``[n]`` the row of ``tables`` of
         each query; ``lens``: ``[n]`` keys each query sees (positions ``0 .. lens - 1``),
-        each in ``1 .. max_len``. Returns ``[n, heads, head_dim]``."""
+        each in ``1 .. max_len``. Returns ``[n, heads, head_dim]``. The caches may be
+        bfloat16 for float32 ``q`` (read as float32)."""
         q = q.contiguous()
         n, heads, hd = q.shape
         kv_heads, num_blocks, _, bs = k_cache.shape
         out = torch.empty_like(q)
-        self._fn("paged_attention", q.dtype)(
+        self._fn("paged_attention", q.dtype, k_cache.dtype)(
             _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(tables), _ptr(seqs), _ptr(lens),
             _ptr(out), n, heads, kv_heads, hd, num_blocks, bs, tables.shape[1], max_len,
             scale, torch.get_num_threads(),
@@ -269,7 +299,17 @@ def _bind(lib: ctypes.CDLL, variant: kernel_build.Variant) -> Kernels:
     for name, argtypes in _COMPACT_SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, None
-    lib.decode_stack_f32.argtypes, lib.decode_stack_f32.restype = _STACK_SIGNATURE, None
+    # The float32 model's bfloat16 outputs and caches (bfloat16 matmuls, bfloat16 KV).
+    for name, export in (
+        ("rms_norm", "rms_norm_f32_bf16"),
+        ("rope_store", "rope_store_f32_bf16kv"),
+        ("paged_attention", "paged_attention_f32_bf16kv"),
+    ):
+        fn = getattr(lib, export)
+        fn.argtypes, fn.restype = _SIGNATURES[name], None
+    for name in ("decode_stack_f32", "decode_stack_f32_bf16kv"):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = _STACK_SIGNATURE, None
     tiles = False
     if variant.has_tiles:
         lib.tile_linear_bf16.argtypes, lib.tile_linear_bf16.restype = _TILE_LINEAR_SIGNATURE, None

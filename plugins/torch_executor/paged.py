@@ -280,6 +280,10 @@ class PagedAttention:
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
         a, st = self.args, self.step
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]
+        # Attention computes in the model's dtype (the rotary table's), whatever the
+        # projection handed over (bfloat16 from the float32 model's bfloat16 matmuls)
+        # and whatever the cache stores (bfloat16 for it too).
+        qkv = qkv.to(self.rope.cos.dtype)
         # A chunk from position 0 attends only to its own rows: it takes its K and V
         # from this step's projection rather than gathering them back from the cache.
         fresh = any(c.start_position == 0 for c in st.chunks)
@@ -299,6 +303,9 @@ class PagedAttention:
             out.index_copy_(0, kr.rows, self._row_attention(q[kr.rows], k_cache, v_cache, kr))
         nq_nkv = (a.num_heads + a.num_kv_heads) * a.head_dim
         v = qkv[:, nq_nkv:].view(-1, a.num_kv_heads, a.head_dim)  # [n, kv_heads, head_dim]
+        # V as the cache holds it (K comes back so from rope_store), so a chunk attends to
+        # the values a later step or a cached repeat reads.
+        v = v.to(v_cache.dtype).to(q.dtype)
         for c in st.chunks:
             rows = slice(c.first_row, c.first_row + c.num_rows)
             if c.start_position == 0:
@@ -308,6 +315,7 @@ class PagedAttention:
             else:
                 context = c.start_position + c.num_rows
                 keys, values = gather_context(k_cache, v_cache, c.block_ids, context)
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
             out[rows] = self._chunk_attention(q[rows], keys, values, c.start_position)
         return out
 
@@ -337,9 +345,9 @@ class PagedAttention:
         blocks, offsets = st.slots // bs, st.slots % bs
         # Advanced indices split by a slice put their axis first: k_cache[:, b, :, o] is
         # [n, kv_heads, head_dim], as k is.
-        k_cache[:, blocks, :, offsets] = k
-        v_cache[:, blocks, offsets] = v.transpose(0, 1)
-        return q, k
+        k_cache[:, blocks, :, offsets] = k.to(k_cache.dtype)
+        v_cache[:, blocks, offsets] = v.transpose(0, 1).to(v_cache.dtype)
+        return q, k.to(k_cache.dtype).to(q.dtype)
 
     def _decode_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kr: KernelRows
@@ -351,8 +359,8 @@ class PagedAttention:
         seqs, width = kr.tables.shape
         kv_heads, _, hd, bs = k_cache.shape
         ids = kr.tables.view(-1)
-        keys_t = gather_blocks(k_cache, ids).view(kv_heads, seqs, width, hd, bs)
-        values = gather_blocks(v_cache, ids).view(kv_heads, seqs, width * bs, hd)
+        keys_t = gather_blocks(k_cache, ids).view(kv_heads, seqs, width, hd, bs).to(q.dtype)
+        values = gather_blocks(v_cache, ids).view(kv_heads, seqs, width * bs, hd).to(q.dtype)
         # The query heads that share a KV head are folded into the query axis, so K/V
         # are never repeated per head: [kv_heads, seqs, group, head_dim]. Scores are taken
         # block by block against the transposed blocks as stored (q broadcast over the

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from plugins.torch_executor import kernel_build
 from plugins.torch_executor.config import TorchExecutorConfig
 from plugins.torch_executor.cpu_features import CpuFeatures, cpu_model, detect
-from plugins.torch_executor.precision import Dtype, WeightsName, resolve_dtype, resolve_weights
+from plugins.torch_executor.precision import (
+    Dtype,
+    MatmulDtype,
+    WeightsName,
+    resolve_dtype,
+    resolve_matmul_dtype,
+    resolve_weights,
+)
 
 # The kernels an executor runs without a variant of the CPU kernels: torch's own ops.
 TORCH_OPS = "torch"
@@ -51,7 +58,8 @@ class CpuPlatform:
 class ExecutorPlan:
     """One executor's choices: ``device`` (``cpu`` or ``cuda``), ``dtype`` (activations,
     KV cache and dense weights) and why, ``kernels`` (the CPU kernels' variant, or
-    ``TORCH_OPS``), ``weights`` (how the projections are stored) and why, on ``cpu``."""
+    ``TORCH_OPS``), ``weights`` (how the projections are stored) and why,
+    ``matmul_dtype`` (what the dense matmuls compute in) and why, on ``cpu``."""
 
     device: str
     dtype: Dtype
@@ -59,6 +67,8 @@ class ExecutorPlan:
     kernels: str
     weights: WeightsName
     weights_why: str
+    matmul_dtype: MatmulDtype
+    matmul_why: str
     cpu: CpuPlatform
 
     @property
@@ -72,13 +82,15 @@ class ExecutorPlan:
 
     def platform(self, compact_max_rows: int) -> tuple[Row, ...]:
         """``info().platform``: what runs, with the most rows the compact projections
-        take (measured at start) where the weights are compact, and the CPU's features
-        and oneDNN cap where the device is the CPU."""
+        take (measured at start) where the weights are compact, the matmuls' dtype where
+        it is not the model's, and the CPU's features and oneDNN cap where the device is
+        the CPU."""
         return (
             ("device", self.device),
             ("dtype", self.dtype),
             ("weights", self.weights),
             *((("compact_max_rows", str(compact_max_rows)),) if self.weights != "dense" else ()),
+            *((("matmul_dtype", self.matmul_dtype),) if self.matmul_dtype != self.dtype else ()),
             ("kernels", self.kernels),
             ("cpu", self.cpu.model),
             ("cpu_features", self.cpu.feature_names if self.on_cpu else "none"),
@@ -100,6 +112,7 @@ class ExecutorPlan:
                 f"{self.weights} ({self.weights_why}; int8 needs the kernels to build or "
                 "be prebuilt)",
             ),
+            ("matmul_dtype", f"{self.matmul_dtype} ({self.matmul_why})"),
         )
 
 
@@ -118,7 +131,14 @@ def plan_options(options: TorchExecutorConfig, cpu: CpuPlatform) -> ExecutorPlan
     dtype, why = options_dtype(options, cpu.features)
     on_cpu = options.device == "cpu"
     kernels = variant.name if on_cpu and options.kernels == "auto" else TORCH_OPS
-    return resolve_plan(options.device, (dtype, why), kernels, options.weights, cpu)
+    return resolve_plan(
+        options.device,
+        (dtype, why),
+        kernels,
+        options.weights,
+        (options.matmul_dtype, options.dtype),
+        cpu,
+    )
 
 
 def resolve_plan(
@@ -126,11 +146,17 @@ def resolve_plan(
     dtype: tuple[Dtype, str],
     kernels: str,
     weights: str,
+    matmul_dtype: tuple[str, str],
     cpu: CpuPlatform,
 ) -> ExecutorPlan:
     """The plan of an executor on ``device`` in ``dtype`` (with why) running ``kernels``
-    (a variant that loaded, or ``TORCH_OPS``), its weights stored as ``weights`` asks
-    (``auto``, ``dense``, ``int8`` or ``bfloat16``); ``ValueError`` for a compact format
-    the model or the machine cannot use."""
-    fmt, fmt_why = resolve_weights(weights, dtype[0], device, kernels != TORCH_OPS)
-    return ExecutorPlan(device, dtype[0], dtype[1], kernels, fmt, fmt_why, cpu)
+    (a variant that loaded, or ``TORCH_OPS``), its dense matmuls in what ``matmul_dtype``
+    asks (``auto``, ``float32`` or ``bfloat16``, with the dtype that was asked for: an
+    ``auto`` matmul dtype follows ``dtype: auto`` only; the features are those the
+    selected kernel variant assumes), its weights stored as ``weights`` asks (``auto``,
+    ``dense``, ``int8`` or ``bfloat16``); ``ValueError`` for a choice the model or the
+    machine cannot use."""
+    features = kernel_build.effective(cpu.features)
+    matmul, matmul_why = resolve_matmul_dtype(*matmul_dtype, dtype[0], device, features)
+    fmt, fmt_why = resolve_weights(weights, dtype[0], device, kernels != TORCH_OPS, matmul)
+    return ExecutorPlan(device, dtype[0], dtype[1], kernels, fmt, fmt_why, matmul, matmul_why, cpu)

@@ -1,4 +1,5 @@
-"""Up to how many rows the compact projections beat oneDNN's dense float32 matmul, measured
+"""Up to how many rows the compact projections beat the dense matmul the longer batches run
+(oneDNN's float32 matmul, or bfloat16 matmuls with ``matmul_dtype: bfloat16``), measured
 at start on the CPU the executor runs on.
 
 A few rows read every weight once and wait on memory, so the compact weights, read in
@@ -22,13 +23,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from plugins.torch_executor.compact import BLOCK, WeightFormat, applies
-from plugins.torch_executor.linear import Linear
+from plugins.torch_executor.linear import Linear, bfloat16_linear
 from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.weights import LlamaWeights
 
@@ -66,9 +68,16 @@ def choose(timings: dict[int, tuple[float, float]]) -> int:
 HEAD_SLICES = 16  # the LM head is timed on 1 / HEAD_SLICES of its outputs
 
 
-def measure(kernels: Kernels, weights: LlamaWeights, fmt: WeightFormat) -> RowBound:
-    """Estimate a step's projections over ``fmt`` and dense for ``CANDIDATES`` rows
-    (module doc). The layers' layouts must be built (``ModelRunner`` builds them first)."""
+def measure(
+    kernels: Kernels,
+    weights: LlamaWeights,
+    fmt: WeightFormat,
+    dense: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__,
+) -> RowBound:
+    """Estimate a step's projections over ``fmt`` and through ``dense`` (what runs the
+    longer batches: oneDNN's float32 matmul, or ``linear.bfloat16_linear``) for
+    ``CANDIDATES`` rows (module doc). The layers' layouts must be built (``ModelRunner``
+    builds them first)."""
     a = weights.args
     gen = torch.Generator().manual_seed(0)
     layers = weights.layers
@@ -78,6 +87,8 @@ def measure(kernels: Kernels, weights: LlamaWeights, fmt: WeightFormat) -> RowBo
     head_scale = head.out_features / slice_rows
     with torch.inference_mode():
         head_slice.packed_weight()
+        if dense is bfloat16_linear:
+            head_slice.as_bfloat16().packed_weight()
         if applies(fmt, head_slice.out_features, head_slice.in_features):
             head_slice.compact_weight(fmt)
         timings: dict[int, tuple[float, float]] = {}
@@ -91,7 +102,7 @@ def measure(kernels: Kernels, weights: LlamaWeights, fmt: WeightFormat) -> RowBo
             for linear, x in ((layers[0].qkv, hidden), (layers[0].o, attn),
                               (layers[0].gate_up, hidden), (layers[0].down, inter),
                               (head_slice, hidden)):  # fmt: skip
-                linear(x)
+                dense(linear, x)
             for _ in range(ROUNDS):
                 for path, estimate in samples.items():
                     layer = layers[turn % len(layers)]
@@ -99,7 +110,7 @@ def measure(kernels: Kernels, weights: LlamaWeights, fmt: WeightFormat) -> RowBo
                     run = (
                         partial(kernels.compact_linear, fmt, max_rows=rows)
                         if path == "compact"
-                        else Linear.__call__
+                        else dense
                     )
                     start = time.perf_counter()
                     run(layer.qkv, hidden), run(layer.o, attn)

@@ -15,12 +15,14 @@ from plugins.torch_executor.cuda_graphs import DecodeGraphs
 from plugins.torch_executor.grammar import Matchers
 from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.model import (
-    TORCH_OPS,
+    BFLOAT16,
+    DENSE,
     Ops,
     RotaryTable,
     compute_logits,
     forward_hidden,
     kernel_ops,
+    torch_ops,
 )
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
 from plugins.torch_executor.paged import (
@@ -34,6 +36,16 @@ from plugins.torch_executor.row_bound import RowBound
 from plugins.torch_executor.sampler import Sampler, SampleRow
 from plugins.torch_executor.stack import DecodeStack
 from plugins.torch_executor.weights import LlamaWeights
+
+
+def kv_cache_dtype(dtype: torch.dtype, matmul_dtype: torch.dtype | None) -> torch.dtype:
+    """The KV cache's dtype for a ``dtype`` model whose matmuls compute in
+    ``matmul_dtype``: the narrower of the two. K and V come out of a projection's
+    product, so with bfloat16 matmuls they already carry bfloat16 rounding; storing them
+    in bfloat16 halves the bytes attention reads (most of a decode step's at 64 rows of
+    a few hundred tokens) and the pool's memory, within the accuracy bar
+    (docs/torch_executor.md)."""
+    return torch.bfloat16 if torch.bfloat16 in (dtype, matmul_dtype) else dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,10 @@ class ModelRunner:
     kernel (more go through SDPA); ``None`` measures it at start on this CPU when the
     kernels are loaded (``attention_bound.py``; ``attention_bound`` keeps the figures),
     else ``paged.KERNEL_MAX_ROWS``, or 1 without the kernels.
+    ``matmul_dtype``: what the projections compute in where the compact weights do not
+    take them (``None``: the weights' dtype); ``torch.bfloat16`` for float32 weights runs
+    them as ``linear.bfloat16_linear`` (float32 activations and residual sums) and keeps
+    the KV cache in bfloat16 (``kv_cache_dtype``).
     """
 
     def __init__(
@@ -92,6 +108,7 @@ class ModelRunner:
         matchers: Matchers | None = None,
         compact_max_rows: int | None = None,
         kernel_max_rows: int | None = None,
+        matmul_dtype: torch.dtype | None = None,
     ) -> None:
         self.weights = weights
         self.matchers = matchers
@@ -100,26 +117,35 @@ class ModelRunner:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.kernels = kernels if self.device.type == "cpu" else None
-        self.cache = PagedKVCache(weights.args, num_blocks, block_size, weights.dtype, self.device)
-        self.rope = RotaryTable(weights.args, max_model_len, weights.dtype, self.device)
-        self.sampler = Sampler(rng)
         if weights_format is not WeightFormat.DENSE and (
             self.kernels is None or weights.dtype != torch.float32
         ):
             raise ValueError(f"weights {weights_format} need the CPU kernels and float32")
         self.weights_format = weights_format
+        if matmul_dtype not in (None, weights.dtype, torch.bfloat16):
+            raise ValueError(f"{matmul_dtype} matmuls need {matmul_dtype} weights")
+        bf16_matmuls = matmul_dtype == torch.bfloat16 and weights.dtype == torch.float32
+        if bf16_matmuls and self.device.type != "cpu":
+            raise ValueError("bfloat16 matmuls for float32 weights run on the CPU only")
+        self.dense = BFLOAT16 if bf16_matmuls else DENSE
+        kv_dtype = kv_cache_dtype(weights.dtype, matmul_dtype)
+        self.cache = PagedKVCache(weights.args, num_blocks, block_size, kv_dtype, self.device)
+        self.rope = RotaryTable(weights.args, max_model_len, weights.dtype, self.device)
+        self.sampler = Sampler(rng)
         self._build_layouts(tiles=self.kernels is not None and self.kernels.has_tile_linear)
         self.row_bound: RowBound | None = None
         if compact_max_rows is None:
             compact_max_rows = COMPACT_MAX_ROWS
             if self.kernels is not None and weights_format is not WeightFormat.DENSE:
-                self.row_bound = row_bound.measure(self.kernels, weights, weights_format)
+                self.row_bound = row_bound.measure(
+                    self.kernels, weights, weights_format, self.dense.linear
+                )
                 compact_max_rows = self.row_bound.rows
         self.compact_max_rows = compact_max_rows
         self.ops: Ops = (
-            TORCH_OPS
+            torch_ops(self.dense)
             if self.kernels is None
-            else kernel_ops(self.kernels, weights_format, compact_max_rows)
+            else kernel_ops(self.kernels, weights_format, compact_max_rows, self.dense)
         )
         # Small steps run every layer in one kernel call where it can (stack.py).
         self.stack = DecodeStack.for_model(
@@ -131,7 +157,7 @@ class ModelRunner:
         elif kernel_max_rows is None:
             kernel_max_rows = KERNEL_MAX_ROWS
             self.attention_bound = attention_bound.measure(
-                self.kernels, self.args, self.rope, weights.dtype
+                self.kernels, self.args, self.rope, weights.dtype, kv_dtype
             )
             if self.attention_bound is not None:
                 kernel_max_rows = self.attention_bound.rows
@@ -145,14 +171,18 @@ class ModelRunner:
     def _build_layouts(self, tiles: bool) -> None:
         """Build each projection's matmul layouts now rather than in the first step: AMX
         tiles for the layers where the kernels run them, oneDNN's packed copies
-        otherwise (and for the LM head), and with compact weights their layout too
-        (oneDNN's copy still runs the batches too long for them)."""
+        otherwise (and for the LM head; of the bfloat16 copy with bfloat16 matmuls),
+        and with compact weights their layout too (oneDNN's copy still runs the batches
+        too long for them)."""
         fmt = self.weights_format
         for linear in self._projections():
             if tiles and linear.has_tile_layout and linear is not self.weights.lm_head:
                 linear.tile_weight()
                 continue
-            linear.packed_weight()
+            if self.dense is BFLOAT16:
+                linear.as_bfloat16().packed_weight()
+            else:
+                linear.packed_weight()
             if applies(fmt, linear.out_features, linear.in_features):
                 linear.compact_weight(fmt)
 

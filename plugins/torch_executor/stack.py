@@ -8,7 +8,8 @@ one parallel region: its hidden states are the op-by-op path's, bit for bit (a t
 holds it to that).
 
 It runs where the op-by-op path would run every layer through the kernels: float32
-weights in a compact format (``compact.py``) whose layout every projection has, and a
+weights in a compact format (``compact.py``) whose layout every projection has, over a
+float32 or bfloat16 KV cache (``matmul_dtype: bfloat16``), and a
 step whose rows all attend through the paged kernel (no SDPA chunk) and are few enough
 for the compact projections (the bound the runner measured, ``row_bound.py``).
 """
@@ -93,7 +94,12 @@ class DecodeStack:
         a = self._weights.args
         k0 = self._cache.k[0]
         kv_heads, num_blocks, hd, bs = k0.shape
-        self._kernels.lib.decode_stack_f32(
+        run = (
+            self._kernels.lib.decode_stack_f32
+            if k0.dtype == torch.float32
+            else self._kernels.lib.decode_stack_f32_bf16kv
+        )
+        run(
             self._addresses.data_ptr(), a.num_layers, h.data_ptr(), h.shape[0], a.hidden_size,
             a.num_heads, kv_heads, hd, a.intermediate_size, a.rms_norm_eps,
             step.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), step.slots.data_ptr(),

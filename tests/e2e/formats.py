@@ -64,9 +64,15 @@ def agreement(ours: torch.Tensor, float32: torch.Tensor) -> Agreement:
     return Agreement(same, diff.max().item(), diff.mean().item())
 
 
-def executor_for(weights: LlamaWeights, fmt: str, num_blocks: int) -> TorchExecutor:
+def executor_for(
+    weights: LlamaWeights, fmt: str, num_blocks: int, matmul_dtype: str = "float32"
+) -> TorchExecutor:
+    """An executor over ``weights`` storing its projections as ``fmt``, its dense matmuls
+    in ``matmul_dtype``; compact weights take batches of up to 16 rows (the teacher-forced
+    decode steps), so their kernels run whatever bound this CPU would measure."""
     kernels = "torch" if weights.dtype == torch.bfloat16 else "auto"
     return TorchExecutor(
         weights, block_size=BLOCK, num_blocks=num_blocks, seed=0, kernels=kernels,
-        weights_format=fmt,  # type: ignore[arg-type]
+        weights_format=fmt, matmul_dtype=matmul_dtype,  # type: ignore[arg-type]
+        compact_max_rows=16,
     )  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plugins.torch_executor.cpu_features import detect
 from plugins.torch_executor.weights import LlamaWeights
 from tests.e2e.formats import agreement, executor_for, teacher_forced_logits
 
@@ -35,17 +36,28 @@ def float32_logits(
     return teacher_forced_logits(executor_for(weights_f32, "dense", 1024), prompts, continuations)
 
 
-@pytest.fixture(scope="module", params=["int8", "bfloat16"])
+# (weights, matmul_dtype): what ``weights: auto`` picks for the float32 model with float32
+# matmuls (int8), the other compact format, and what it picks with bfloat16 matmuls and
+# KV cache (``dtype: auto`` where bfloat16 is native without AMX): bfloat16 weights. int8
+# weights with bfloat16 matmuls fell just under the bar (docs/torch_executor.md), so
+# ``auto`` does not pick them and they are not held to it here.
+SETUPS = [("int8", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16")]
+
+
+@pytest.fixture(scope="module", params=SETUPS, ids=["/".join(s) for s in SETUPS])
 def compact_logits(
     request: pytest.FixtureRequest,
     weights_f32: LlamaWeights,
     prompts: list[list[int]],
     continuations: list[list[int]],
 ) -> tuple[str, torch.Tensor]:
-    executor = executor_for(weights_f32, request.param, 1024)
+    fmt, matmul_dtype = request.param
+    if matmul_dtype == "bfloat16" and not detect().onednn_bfloat16:
+        pytest.skip(f"oneDNN runs no bfloat16 on this CPU ({' '.join(detect().names())})")
+    executor = executor_for(weights_f32, fmt, 1024, matmul_dtype)
     if executor.runner.kernels is None:
         pytest.skip("the CPU kernels cannot be built here (no C++ compiler)")
-    return request.param, teacher_forced_logits(executor, prompts, continuations)
+    return f"{fmt}/{matmul_dtype}", teacher_forced_logits(executor, prompts, continuations)
 
 
 def test_compact_weights_meet_the_bfloat16_models_bar(
@@ -56,7 +68,7 @@ def test_compact_weights_meet_the_bfloat16_models_bar(
     assert a.top1 >= TOP1_AT_LEAST, a
     assert a.mean_abs <= MEAN_ABS_AT_MOST, a
     assert a.max_abs <= MAX_ABS_AT_MOST, a
-    if fmt == "bfloat16":
+    if fmt == "bfloat16/float32":
         # Only the weights are rounded (activations stay float32): well inside the bar.
         assert a.top1 >= 0.995 and a.max_abs <= 0.5, a
 

@@ -1,6 +1,6 @@
 """What the torch executor reads of the CPU and decides from it: features from CPUID, the
-kernel variant and its override, the build cache's keys, and the dtype and weight format
-``auto`` resolves to. Imports no torch."""
+kernel variant and its override, the build cache's keys, and the dtype, matmul dtype and
+weight format ``auto`` resolves to. Imports no torch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from plugins.torch_executor import kernel_build
 from plugins.torch_executor.cpu_features import CpuFeatures, cpu_model, detect
-from plugins.torch_executor.precision import resolve_dtype, resolve_weights
+from plugins.torch_executor.precision import resolve_dtype, resolve_matmul_dtype, resolve_weights
 
 AVX2 = CpuFeatures(avx2=True, fma=True, f16c=True)
 AVX512 = CpuFeatures(
@@ -112,19 +112,50 @@ def test_each_variant_builds_with_its_flags_where_a_compiler_is(tmp_path: Path) 
         assert hasattr(lib, "tile_linear_bf16") == variant.has_tiles
 
 
-def test_auto_dtype_is_bfloat16_only_where_it_is_native() -> None:
+def test_auto_dtype_is_bfloat16_on_amx_and_float32_with_bfloat16_matmuls_where_native() -> None:
+    avx512_bf16 = CpuFeatures(**{**_fields(AVX512), "avx512_bf16": True})
     assert resolve_dtype("auto", "cpu", amx_features())[0] == "bfloat16"
-    assert (
-        resolve_dtype("auto", "cpu", CpuFeatures(**{**_fields(AVX512), "avx512_bf16": True}))[0]
-        == "bfloat16"
+    assert resolve_dtype("auto", "cpu", avx512_bf16) == (
+        "float32",
+        "auto: native bfloat16 without AMX",
     )
+    assert resolve_matmul_dtype("auto", "auto", "float32", "cpu", avx512_bf16)[0] == "bfloat16"
     assert resolve_dtype("auto", "cpu", AVX512)[0] == "float32"  # emulated in oneDNN: slow
+    assert resolve_matmul_dtype("auto", "auto", "float32", "cpu", AVX512)[0] == "float32"
     assert resolve_dtype("auto", "cpu", AVX2) == (
         "float32",
         "auto: no native bfloat16 (avx2 fma f16c)",
     )
     assert resolve_dtype("auto", "cuda", CpuFeatures())[0] == "bfloat16"
     assert resolve_dtype("float32", "cpu", amx_features())[0] == "float32"
+
+
+def test_matmul_dtype_auto_follows_dtype_auto_only() -> None:
+    avx512_bf16 = CpuFeatures(**{**_fields(AVX512), "avx512_bf16": True})
+    # A configured float32 model keeps float32 matmuls unless they are asked for.
+    assert resolve_matmul_dtype("auto", "float32", "float32", "cpu", avx512_bf16) == (
+        "float32",
+        "auto: dtype float32 configured",
+    )
+    assert resolve_matmul_dtype("bfloat16", "float32", "float32", "cpu", avx512_bf16)[0] == (
+        "bfloat16"
+    )
+    assert resolve_matmul_dtype("auto", "auto", "float32", "cuda", avx512_bf16)[0] == "float32"
+    # A bfloat16 model's matmuls are bfloat16 whatever is asked.
+    for asked in ("auto", "float32", "bfloat16"):
+        assert resolve_matmul_dtype(asked, "auto", "bfloat16", "cpu", amx_features()) == (
+            "bfloat16",
+            "the model's dtype",
+        )
+
+
+def test_explicit_bfloat16_matmuls_where_onednn_cannot_run_them_name_the_features() -> None:
+    with pytest.raises(ValueError, match=r"matmul_dtype bfloat16 needs .* features: avx2 fma f16c"):
+        resolve_matmul_dtype("bfloat16", "float32", "float32", "cpu", AVX2)
+    with pytest.raises(ValueError, match=r"got device cuda"):
+        resolve_matmul_dtype("bfloat16", "float32", "float32", "cuda", AVX512)
+    # oneDNN runs bfloat16 with AVX-512 BW/VL/DQ, natively or not.
+    assert resolve_matmul_dtype("bfloat16", "float32", "float32", "cpu", AVX512)[0] == "bfloat16"
 
 
 def test_explicit_bfloat16_on_a_cpu_without_it_names_the_missing_features() -> None:
@@ -142,6 +173,9 @@ def test_weight_formats() -> None:
     assert resolve_weights("auto", "bfloat16", "cpu", kernels_loaded=True)[0] == "dense"
     assert resolve_weights("auto", "bfloat16", "cuda", kernels_loaded=False)[0] == "dense"
     assert resolve_weights("bfloat16", "float32", "cpu", kernels_loaded=True)[0] == "bfloat16"
+    # With bfloat16 matmuls (and KV cache) int8 weights fell under the accuracy bar.
+    assert resolve_weights("auto", "float32", "cpu", True, "bfloat16")[0] == "bfloat16"
+    assert resolve_weights("int8", "float32", "cpu", True, "bfloat16")[0] == "int8"
     with pytest.raises(ValueError, match="needs device cpu and dtype float32"):
         resolve_weights("int8", "bfloat16", "cpu", kernels_loaded=True)
     with pytest.raises(ValueError, match="needs the CPU kernels"):

@@ -118,19 +118,22 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
 
 # head_dim 64 with 16-token blocks takes the kernel's vectorised path, the others its
 # general one.
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("block", "head_dim"), [(4, 16), (16, 16), (16, 64)])
 def test_paged_attention_equals_dense_attention(
-    block: int, head_dim: int, kernels_or_torch: Kernels | None
+    block: int, head_dim: int, cache_dtype: torch.dtype, kernels_or_torch: Kernels | None
 ) -> None:
     """Three steps over scattered blocks: prefixes (a long chunk from 0, short ones),
     then mid-sequence chunks long and short, then decodes; every row against dense
-    causal attention over the request's whole sequence."""
+    causal attention over the request's whole sequence. With a bfloat16 cache (the
+    float32 model's, with bfloat16 matmuls) the cache holds K and V rounded to
+    bfloat16, and float32 queries attend over exactly those values."""
     kernels = kernels_or_torch
     args = dataclasses.replace(ARGS, head_dim=head_dim)
     torch.manual_seed(0)
     rng = random.Random(0)
     num_blocks = 48
-    cache = PagedKVCache(args, num_blocks, block, torch.float32)
+    cache = PagedKVCache(args, num_blocks, block, cache_dtype)
     rope = RotaryTable(args, 128, torch.float32)
     lengths = {"a": 61, "b": 9, "c": 40, "d": 3}
     splits = [{"a": 30, "b": 5, "c": 2, "d": 1}, {"a": 60, "b": 8, "c": 39, "d": 2}]
@@ -158,12 +161,16 @@ def test_paged_attention_equals_dense_attention(
             q = rotate(full[:, :nq].view(b, args.num_heads, -1), cos, sin)
             k = rotate(full[:, nq : nq + nkv].view(b, args.num_kv_heads, -1), cos, sin)
             v = full[:, nq + nkv :].view(b, args.num_kv_heads, -1)
-            expected = dense_reference(q[a:b], k, v, a)
+            keys, values = gather_context(cache.k[0], cache.v[0], torch.tensor(tables[r]), b)
+            keys, values = keys.transpose(0, 1).float(), values.transpose(0, 1).float()
+            # K as rotated here, rounded as the cache stores it (the kernel rotates in
+            # float32 too, so a rounding may fall the other way: one bfloat16 step).
+            step_size = 1e-6 if cache_dtype == torch.float32 else 2**-8
+            assert torch.allclose(keys, k.to(cache_dtype).float(), rtol=step_size, atol=1e-6)
+            assert torch.equal(values, v.to(cache_dtype).float())
+            expected = dense_reference(q[a:b], keys, values, a)
             got = out[s.first_row : s.first_row + s.num_rows]
             assert torch.allclose(got, expected, atol=1e-5), (r, a, b)
-            keys, values = gather_context(cache.k[0], cache.v[0], torch.tensor(tables[r]), b)
-            assert torch.allclose(keys.transpose(0, 1), k, atol=1e-6)
-            assert torch.equal(values.transpose(0, 1), v)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
@@ -265,6 +272,16 @@ def test_kernels_round_like_torch_in_bfloat16(kernels: Kernels) -> None:
     assert torch.equal(k, rotate(qkv[:, nq : nq + nkv].view(3, ARGS.num_kv_heads, -1), cos, sin))
 
 
+def test_rms_norm_writes_bfloat16_for_a_bfloat16_matmul_rounding_once(kernels: Kernels) -> None:
+    """The float32 model's RMSNorm feeding a bfloat16 matmul: the float32 result, rounded
+    once to bfloat16 as it is stored, bit for bit."""
+    torch.manual_seed(3)
+    x, w = torch.randn(37, 192), torch.randn(192)
+    assert torch.equal(
+        kernels.rms_norm(x, w, 1e-6, torch.bfloat16), kernels.rms_norm(x, w, 1e-6).bfloat16()
+    )
+
+
 def test_bytes_per_block_counts_k_and_v_of_every_layer() -> None:
     assert PagedKVCache.bytes_per_block(ARGS, 16, torch.bfloat16) == 2 * 1 * 2 * 16 * 16 * 2
 
@@ -304,14 +321,19 @@ def test_a_sampling_chunk_sends_its_last_block_through_the_kernel() -> None:
             assert kernel.lens.tolist() == [sl.start_position + i + 1 for i in tail]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "cache_dtype"),
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+     (torch.float32, torch.bfloat16)],
+)  # fmt: skip
 def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
-    kernels: Kernels, dtype: torch.dtype
+    kernels: Kernels, dtype: torch.dtype, cache_dtype: torch.dtype
 ) -> None:
     """A 600-token prompt prefilled whole (its last chunk samples) and the same prompt's
     last block recomputed over its cached prefix, in a batch with other rows, on 1 and 2
     threads: the last block's attention is equal bit for bit, so the prefix cache cannot
-    change the first token (head_dim 64: the vectorised kernel; 600 keys: two parts)."""
+    change the first token (head_dim 64: the vectorised kernel; 600 keys: two parts),
+    also for float32 queries over a bfloat16 cache."""
     args = dataclasses.replace(ARGS, head_dim=64)
     torch.manual_seed(4)
     width = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
@@ -324,7 +346,7 @@ def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
         outs = []
         for threads, cached in [(1, False), (2, True), (1, True), (2, False)]:
             torch.set_num_threads(threads)
-            cache = PagedKVCache(args, 48, 16, dtype)
+            cache = PagedKVCache(args, 48, 16, cache_dtype)
             if cached:  # the prefix as an earlier request left it; then the last block
                 fill = build_step([SequenceSlice(0, 592, 0, table)], 16, rope, 48, 16)
                 PagedAttention(cache, fill, args, rope, kernels)(0, qkv[:592])

@@ -4,11 +4,17 @@
 
 extern "C" const char* kernels_isa() { return VEC_ISA; }
 
-template <typename T>
-static void rms_norm(const T* x, const T* w, T* out, int64_t rows, int64_t dim, float eps,
+template <typename T, typename O = T>
+static void rms_norm(const T* x, const T* w, O* out, int64_t rows, int64_t dim, float eps,
                      int threads) {
     #pragma omp parallel num_threads(threads) if (rows >= 16)
     rms_norm_rows(x, w, out, rows, dim, eps);
+}
+
+// The float32 model's RMSNorm feeding a bfloat16 matmul: the output stored in bfloat16.
+extern "C" void rms_norm_f32_bf16(const float* x, const float* w, bf16* out, int64_t rows,
+                                  int64_t dim, float eps, int threads) {
+    rms_norm<float, bf16>(x, w, out, rows, dim, eps, threads);
 }
 
 template <typename T>
@@ -17,9 +23,9 @@ static void silu_mul(const T* x, T* out, int64_t rows, int64_t inter, int thread
     silu_mul_rows(x, out, rows, inter);
 }
 
-template <typename T>
+template <typename T, typename C = T>
 static void rope_store(const T* qkv, const int64_t* positions, const T* cos, const T* sin,
-                       const int64_t* slots, T* k, T* v, T* q_out, T* k_out, int64_t n,
+                       const int64_t* slots, C* k, C* v, T* q_out, T* k_out, int64_t n,
                        int64_t heads, int64_t kv_heads, int64_t hd, int64_t num_blocks,
                        int64_t bs, int threads) {
     #pragma omp parallel num_threads(threads) if (n >= 16)
@@ -27,14 +33,15 @@ static void rope_store(const T* qkv, const int64_t* positions, const T* cos, con
                     hd, num_blocks, bs);
 }
 
-template <typename T>
-static void paged_attention(const T* q, const T* k, const T* v, const int64_t* tables,
+template <typename T, typename C = T>
+static void paged_attention(const T* q, const C* k, const C* v, const int64_t* tables,
                             const int64_t* seqs, const int64_t* lens, T* out, int64_t n,
                             int64_t heads, int64_t kv_heads, int64_t hd, int64_t num_blocks,
                             int64_t bs, int64_t max_blocks, int64_t max_len, float scale,
                             int threads) {
     const int64_t group = heads / kv_heads;
-    const int64_t splits = attention_splits(max_len, bs, part_kernel<T>(bs, hd, group) != nullptr);
+    const int64_t splits =
+        attention_splits(max_len, bs, part_kernel<T, C>(bs, hd, group) != nullptr);
     // Every part writes its own slots before the merge reads them: no need to zero.
     std::unique_ptr<float[]> parts(new float[attention_parts_size(n, heads, hd, splits)]);
     #pragma omp parallel num_threads(threads)
@@ -97,3 +104,23 @@ extern "C" int64_t linear_int8_group() { return QGROUP; }
 
 EXPORT(f32, float)
 EXPORT(bf16, bf16)
+
+// The float32 model over a bfloat16 KV cache: K and V rounded as they are stored,
+// attention computed in float32 from them.
+extern "C" void rope_store_f32_bf16kv(const float* qkv, const int64_t* positions,
+                                      const float* cos, const float* sin, const int64_t* slots,
+                                      bf16* k, bf16* v, float* q_out, float* k_out, int64_t n,
+                                      int64_t heads, int64_t kv_heads, int64_t hd,
+                                      int64_t num_blocks, int64_t bs, int threads) {
+    rope_store<float, bf16>(qkv, positions, cos, sin, slots, k, v, q_out, k_out, n, heads,
+                            kv_heads, hd, num_blocks, bs, threads);
+}
+extern "C" void paged_attention_f32_bf16kv(const float* q, const bf16* k, const bf16* v,
+                                           const int64_t* tables, const int64_t* seqs,
+                                           const int64_t* lens, float* out, int64_t n,
+                                           int64_t heads, int64_t kv_heads, int64_t hd,
+                                           int64_t num_blocks, int64_t bs, int64_t max_blocks,
+                                           int64_t max_len, float scale, int threads) {
+    paged_attention<float, bf16>(q, k, v, tables, seqs, lens, out, n, heads, kv_heads, hd,
+                                 num_blocks, bs, max_blocks, max_len, scale, threads);
+}

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "vec.h"
@@ -25,13 +26,15 @@
 // outside one: the single-op exports open a region per call, the decode stack
 // (stack.cpp) one region for every layer of a step.
 
-// out[r] = rnd(w * rnd(x[r] / rms(x[r]))), as transformers' LlamaRMSNorm.
-template <typename T>
-static void rms_norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t dim, float eps) {
+// out[r] = rnd(w * rnd(x[r] / rms(x[r]))), as transformers' LlamaRMSNorm; with an output
+// type O other than T (float32 in, bfloat16 out, for bfloat16 matmuls of the float32
+// model), the product is rounded once, to O, as it is stored.
+template <typename T, typename O = T>
+static void rms_norm_rows(const T* x, const T* w, O* out, int64_t rows, int64_t dim, float eps) {
     #pragma omp for
     for (int64_t r = 0; r < rows; ++r) {
         const T* xr = x + r * dim;
-        T* o = out + r * dim;
+        O* o = out + r * dim;
         int64_t d0 = 0;
         vf acc = vzero();
         for (; d0 + W <= dim; d0 += W) {
@@ -44,7 +47,7 @@ static void rms_norm_rows(const T* x, const T* w, T* out, int64_t rows, int64_t 
         int64_t d = 0;
         const vf iv = vset1(inv);
         for (; d + W <= dim; d += W) vstore(o + d, vload(w + d) * vround<T>(vload(xr + d) * iv));
-        for (; d < dim; ++d) o[d] = from_f<T>(to_f(w[d]) * rnd<T>(to_f(xr[d]) * inv));
+        for (; d < dim; ++d) o[d] = from_f<O>(to_f(w[d]) * rnd<T>(to_f(xr[d]) * inv));
     }
 }
 
@@ -92,10 +95,12 @@ static inline void rope_head(const T* x, const T* c, const T* s, T* out, int64_t
 // qkv: [n, (heads + 2 kv_heads) hd] -> q_out [n, heads, hd] with RoPE; K (RoPE) written
 // into k [kv_heads, num_blocks, hd, bs] and V into v [kv_heads, num_blocks, bs, hd] at
 // slots[r] (block slots[r] / bs, offset slots[r] % bs); also the rotated K into k_out
-// [n, kv_heads, hd] unless it is null. hd <= 512.
-template <typename T>
+// [n, kv_heads, hd] unless it is null. hd <= 512. The cache's type C may be narrower
+// than T (a bfloat16 cache for the float32 model): K and V are rounded to C as they
+// are stored, and k_out holds K as the cache does.
+template <typename T, typename C = T>
 static void rope_store_rows(const T* qkv, const int64_t* positions, const T* cos, const T* sin,
-                            const int64_t* slots, T* k, T* v, T* q_out, T* k_out, int64_t n,
+                            const int64_t* slots, C* k, C* v, T* q_out, T* k_out, int64_t n,
                             int64_t heads, int64_t kv_heads, int64_t hd, int64_t num_blocks,
                             int64_t bs) {
     const int64_t stride = (heads + 2 * kv_heads) * hd;
@@ -107,9 +112,9 @@ static void rope_store_rows(const T* qkv, const int64_t* positions, const T* cos
             // 64 bytes / (bs elements) of head dims, each a miss to memory (the block was
             // last written a step ago), so the misses overlap this row's RoPE.
             const int64_t nb = slots[r + 1] / bs, no = slots[r + 1] % bs;
-            const int64_t every = std::max<int64_t>(1, 64 / (bs * (int64_t)sizeof(T)));
+            const int64_t every = std::max<int64_t>(1, 64 / (bs * (int64_t)sizeof(C)));
             for (int64_t h = 0; h < kv_heads; ++h) {
-                const T* kt = k + h * head_stride + nb * hd * bs + no;
+                const C* kt = k + h * head_stride + nb * hd * bs + no;
                 for (int64_t d = 0; d < hd; d += every) __builtin_prefetch(kt + d * bs, 1, 3);
                 __builtin_prefetch(v + h * head_stride + (nb * bs + no) * hd, 1, 3);
             }
@@ -123,10 +128,19 @@ static void rope_store_rows(const T* qkv, const int64_t* positions, const T* cos
         for (int64_t h = 0; h < kv_heads; ++h) {
             T* kr = k_out ? k_out + (r * kv_heads + h) * hd : rotated;
             rope_head(row + (heads + h) * hd, c, s, kr, hd);
-            T* kt = k + h * head_stride + block * hd * bs + offset;
-            for (int64_t d = 0; d < hd; ++d) kt[d * bs] = kr[d];
-            std::memcpy(v + h * head_stride + (block * bs + offset) * hd,
-                        row + (heads + kv_heads + h) * hd, hd * sizeof(T));
+            C* kt = k + h * head_stride + block * hd * bs + offset;
+            C* vt = v + h * head_stride + (block * bs + offset) * hd;
+            const T* vr = row + (heads + kv_heads + h) * hd;
+            if constexpr (std::is_same_v<T, C>) {
+                for (int64_t d = 0; d < hd; ++d) kt[d * bs] = kr[d];
+                std::memcpy(vt, vr, hd * sizeof(T));
+            } else {
+                for (int64_t d = 0; d < hd; ++d) {
+                    kt[d * bs] = from_f<C>(to_f(kr[d]));
+                    kr[d] = from_f<T>(to_f(kt[d * bs]));
+                    vt[d] = from_f<C>(to_f(vr[d]));
+                }
+            }
         }
     }
 }
@@ -135,8 +149,8 @@ static void rope_store_rows(const T* qkv, const int64_t* positions, const T* cos
 // head are done together, so each K/V row is read once; K blocks are stored transposed
 // ([hd, bs]), so a block's scores accumulate lane-wise. Two passes (scores, then
 // softmax, then V) over a scratch buffer.
-template <typename T>
-static void attend_row(const T* q, const T* kbase, const T* vbase, const int64_t* table,
+template <typename T, typename C = T>
+static void attend_row(const T* q, const C* kbase, const C* vbase, const int64_t* table,
                        int64_t len, float scale, int64_t G, int64_t HD, int64_t BS,
                        float* scratch, int64_t max_len, T* out) {
     const int64_t padded = (max_len + BS - 1) / BS * BS;
@@ -148,7 +162,7 @@ static void attend_row(const T* q, const T* kbase, const T* vbase, const int64_t
     // scores are overwritten with -inf-like values so softmax gives them exactly 0.
     const int64_t padded_len = (len + BS - 1) / BS * BS;
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
-        const T* kt = kbase + table[t0 / BS] * HD * BS;
+        const C* kt = kbase + table[t0 / BS] * HD * BS;
         for (int64_t g = 0; g < G; ++g) {
             float* s = scores + g * padded + t0;
             for (int64_t i = 0; i < BS; ++i) s[i] = 0.f;
@@ -174,10 +188,10 @@ static void attend_row(const T* q, const T* kbase, const T* vbase, const int64_t
     }
     for (int64_t j = 0; j < G * HD; ++j) acc[j] = 0.f;
     for (int64_t t0 = 0; t0 < len; t0 += BS) {
-        const T* vb = vbase + table[t0 / BS] * BS * HD;
+        const C* vb = vbase + table[t0 / BS] * BS * HD;
         const int64_t m = std::min(BS, len - t0);
         for (int64_t i = 0; i < m; ++i) {
-            const T* v = vb + i * HD;
+            const C* v = vb + i * HD;
             for (int64_t g = 0; g < G; ++g) {
                 const float p = scores[g * padded + t0 + i];
                 for (int64_t d = 0; d < HD; ++d) acc[g * HD + d] += p * to_f(v[d]);
@@ -193,8 +207,8 @@ static void attend_row(const T* q, const T* kbase, const T* vbase, const int64_t
 // online (running max and sum per head), so K and V of a block are read once, in one
 // pass. Leaves the unnormalised part: acc [G, HD] (the probability-weighted sum of V
 // under max m), m [G] and the sum of probabilities l [G]; merge_parts combines parts.
-template <typename T, int G, int HD>
-static void attend_part(const T* q, const T* kbase, const T* vbase, const int64_t* table,
+template <typename T, typename C, int G, int HD>
+static void attend_part(const T* q, const C* kbase, const C* vbase, const int64_t* table,
                         int64_t begin, int64_t end, float scale, float* acc_out, float* m_out,
                         float* l_out) {
     constexpr int BS = 16, V = HD / W, SV = BS / W;
@@ -213,8 +227,8 @@ static void attend_part(const T* q, const T* kbase, const T* vbase, const int64_
     alignas(64) float p[G][BS];
     for (int64_t t0 = begin; t0 < end; t0 += BS) {
         const int64_t block = table[t0 / BS];
-        const T* kt = kbase + block * HD * BS;
-        const T* vb = vbase + block * BS * HD;
+        const C* kt = kbase + block * HD * BS;
+        const C* vb = vbase + block * BS * HD;
         const int valid = (int)std::min<int64_t>(BS, end - t0);
         // Blocks are scattered, so the hardware prefetcher cannot see the next one: its
         // lines are prefetched a few per step of the QK loop below (the last block
@@ -226,7 +240,7 @@ static void attend_part(const T* q, const T* kbase, const T* vbase, const int64_
         // P partial sums per head over interleaved d: one sum would be a chain of HD
         // dependent FMAs, whose latency (not the FMA rate) then set a block's time.
         constexpr int P = G == 1 ? 4 : 2;
-        constexpr int LINES = HD * BS * (int)sizeof(T) / 64;  // per K (and per V) block
+        constexpr int LINES = HD * BS * (int)sizeof(C) / 64;  // per K (and per V) block
         constexpr int PER_STEP = (LINES + HD / P - 1) / (HD / P);
         int line = 0;
         vf s[G][SV], part[G][P][SV];
@@ -311,21 +325,21 @@ static void merge_parts(const float* acc, const float* m, const float* l, int64_
     }
 }
 
-template <typename T>
-using PartFn = void (*)(const T*, const T*, const T*, const int64_t*, int64_t, int64_t, float,
+template <typename T, typename C = T>
+using PartFn = void (*)(const T*, const C*, const C*, const int64_t*, int64_t, int64_t, float,
                         float*, float*, float*);
 
 // The vectorised part kernel for this shape, or null (then attend_row).
-template <typename T>
-static PartFn<T> part_kernel(int64_t bs, int64_t hd, int64_t group) {
+template <typename T, typename C = T>
+static PartFn<T, C> part_kernel(int64_t bs, int64_t hd, int64_t group) {
     if (bs != 16) return nullptr;
-    if (hd == 64 && group == 1) return &attend_part<T, 1, 64>;
-    if (hd == 64 && group == 2) return &attend_part<T, 2, 64>;
-    if (hd == 64 && group == 3) return &attend_part<T, 3, 64>;
-    if (hd == 64 && group == 4) return &attend_part<T, 4, 64>;
-    if (hd == 128 && group == 1) return &attend_part<T, 1, 128>;
-    if (hd == 128 && group == 4) return &attend_part<T, 4, 128>;
-    if (hd == 128 && group == 8) return &attend_part<T, 8, 128>;
+    if (hd == 64 && group == 1) return &attend_part<T, C, 1, 64>;
+    if (hd == 64 && group == 2) return &attend_part<T, C, 2, 64>;
+    if (hd == 64 && group == 3) return &attend_part<T, C, 3, 64>;
+    if (hd == 64 && group == 4) return &attend_part<T, C, 4, 64>;
+    if (hd == 128 && group == 1) return &attend_part<T, C, 1, 128>;
+    if (hd == 128 && group == 4) return &attend_part<T, C, 4, 128>;
+    if (hd == 128 && group == 8) return &attend_part<T, C, 8, 128>;
     return nullptr;
 }
 
@@ -360,10 +374,11 @@ static inline int64_t attention_parts_size(int64_t n, int64_t heads, int64_t hd,
 
 // Row r attends over positions 0 .. lens[r] - 1 of sequence seqs[r], whose blocks are
 // tables[seqs[r] * max_blocks ..]. q, out: [n, heads, hd]; k: [kv_heads, num_blocks, hd,
-// bs]; v: [kv_heads, num_blocks, bs, hd]. scratch: this thread's attention_scratch floats;
-// parts: attention_parts_size floats shared by the region (unused when splits is 1).
-template <typename T>
-static void paged_attention_rows(const T* q, const T* k, const T* v, const int64_t* tables,
+// bs]; v: [kv_heads, num_blocks, bs, hd], in the cache's type C. scratch: this thread's
+// attention_scratch floats; parts: attention_parts_size floats shared by the region
+// (unused when splits is 1).
+template <typename T, typename C = T>
+static void paged_attention_rows(const T* q, const C* k, const C* v, const int64_t* tables,
                                  const int64_t* seqs, const int64_t* lens, T* out, int64_t n,
                                  int64_t heads, int64_t kv_heads, int64_t hd,
                                  int64_t num_blocks, int64_t bs, int64_t max_blocks,
@@ -371,7 +386,7 @@ static void paged_attention_rows(const T* q, const T* k, const T* v, const int64
                                  float* parts) {
     const int64_t group = heads / kv_heads;
     const int64_t head_stride = num_blocks * bs * hd;
-    const PartFn<T> part = part_kernel<T>(bs, hd, group);
+    const PartFn<T, C> part = part_kernel<T, C>(bs, hd, group);
     // Whole (row, KV head) items and parts go 4 to a chunk.
     if (part == nullptr) {
         #pragma omp for collapse(2) schedule(dynamic, 4)

@@ -24,8 +24,8 @@ struct Layer {
     const float* gate_up_scales;
     const void* down;
     const float* down_scales;
-    float* k_cache;
-    float* v_cache;
+    void* k_cache;  // float, or bfloat16 (decode_stack_f32_bf16kv)
+    void* v_cache;
 };
 static_assert(sizeof(Layer) == 12 * sizeof(int64_t), "12 addresses per layer");
 
@@ -45,19 +45,20 @@ void project(const void* w, const float* scales, const float* x, const float* re
 // h: [n, hidden], the embeddings in, the last layer's output out. positions, slots:
 // [n]; cos, sin: [max_len, hd]; tables, seqs, lens, max_len: every row's attention over
 // the cache (paged_attention_rows, scores scaled by scale); caches [kv_heads, num_blocks,
-// ...] as rope_store_rows.
-extern "C" void decode_stack_f32(const int64_t* layer_addresses, int64_t num_layers, float* h,
-                                 int64_t n, int64_t hidden, int64_t heads, int64_t kv_heads,
-                                 int64_t hd, int64_t inter, float eps,
-                                 const int64_t* positions, const float* cos, const float* sin,
-                                 const int64_t* slots, const int64_t* tables,
-                                 const int64_t* seqs, const int64_t* lens, int64_t num_blocks,
-                                 int64_t bs, int64_t max_blocks, int64_t max_len, float scale,
-                                 int threads) {
+// ...] as rope_store_rows, of type C.
+template <typename C>
+static void decode_stack(const int64_t* layer_addresses, int64_t num_layers, float* h,
+                         int64_t n, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t hd,
+                         int64_t inter, float eps, const int64_t* positions, const float* cos,
+                         const float* sin, const int64_t* slots, const int64_t* tables,
+                         const int64_t* seqs, const int64_t* lens, int64_t num_blocks,
+                         int64_t bs, int64_t max_blocks, int64_t max_len, float scale,
+                         int threads) {
     const Layer* layers = reinterpret_cast<const Layer*>(layer_addresses);
     const int64_t group = heads / kv_heads;
     const int64_t qkv_width = (heads + 2 * kv_heads) * hd;
-    const int64_t splits = attention_splits(max_len, bs, part_kernel<float>(bs, hd, group) != nullptr);
+    const int64_t splits =
+        attention_splits(max_len, bs, part_kernel<float, C>(bs, hd, group) != nullptr);
     const int64_t widest = std::max({hidden, heads * hd, inter});
     std::vector<float> x(n * hidden), qkv(n * qkv_width), q(n * heads * hd), a(n * heads * hd);
     std::vector<float> gate_up(n * 2 * inter), act(n * inter), xs(n * (widest / QGROUP + 1));
@@ -72,11 +73,14 @@ extern "C" void decode_stack_f32(const int64_t* layer_addresses, int64_t num_lay
             rms_norm_rows(h, L.input_norm, x.data(), n, hidden, eps);
             project(L.qkv, L.qkv_scales, x.data(), nullptr, qkv.data(), n, qkv_width, hidden,
                     xq.data(), xs.data());
-            rope_store_rows(qkv.data(), positions, cos, sin, slots, L.k_cache, L.v_cache,
+            C* k_cache = static_cast<C*>(L.k_cache);
+            C* v_cache = static_cast<C*>(L.v_cache);
+            rope_store_rows(qkv.data(), positions, cos, sin, slots, k_cache, v_cache,
                             q.data(), (float*)nullptr, n, heads, kv_heads, hd, num_blocks, bs);
-            paged_attention_rows(q.data(), L.k_cache, L.v_cache, tables, seqs, lens, a.data(), n,
-                                 heads, kv_heads, hd, num_blocks, bs, max_blocks, max_len,
-                                 scale, splits, scratch.data(), parts.get());
+            paged_attention_rows(q.data(), (const C*)k_cache, (const C*)v_cache, tables, seqs,
+                                 lens, a.data(), n, heads, kv_heads, hd, num_blocks, bs,
+                                 max_blocks, max_len, scale, splits, scratch.data(),
+                                 parts.get());
             project(L.o, L.o_scales, a.data(), h, h, n, hidden, heads * hd, xq.data(), xs.data());
             rms_norm_rows(h, L.post_norm, x.data(), n, hidden, eps);
             project(L.gate_up, L.gate_up_scales, x.data(), nullptr, gate_up.data(), n,
@@ -87,3 +91,19 @@ extern "C" void decode_stack_f32(const int64_t* layer_addresses, int64_t num_lay
         }
     }
 }
+
+#define STACK_EXPORT(NAME, C)                                                                  \
+    extern "C" void NAME(const int64_t* layer_addresses, int64_t num_layers, float* h,         \
+                         int64_t n, int64_t hidden, int64_t heads, int64_t kv_heads,           \
+                         int64_t hd, int64_t inter, float eps, const int64_t* positions,       \
+                         const float* cos, const float* sin, const int64_t* slots,             \
+                         const int64_t* tables, const int64_t* seqs, const int64_t* lens,      \
+                         int64_t num_blocks, int64_t bs, int64_t max_blocks, int64_t max_len,  \
+                         float scale, int threads) {                                           \
+        decode_stack<C>(layer_addresses, num_layers, h, n, hidden, heads, kv_heads, hd, inter, \
+                        eps, positions, cos, sin, slots, tables, seqs, lens, num_blocks, bs,   \
+                        max_blocks, max_len, scale, threads);                                  \
+    }
+
+STACK_EXPORT(decode_stack_f32, float)
+STACK_EXPORT(decode_stack_f32_bf16kv, bf16)
