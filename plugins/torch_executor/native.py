@@ -63,10 +63,9 @@ _COMPACT_SIGNATURES: dict[str, list[type]] = {
     "linear_int8_f32": [_P] * 5 + [_I] * 3 + [ctypes.c_int],
     "linear_bf16w_f32": [_P] * 4 + [_I] * 3 + [ctypes.c_int],
 }
-# Every layer of a small float32 step over compact weights (stack.cpp, stack.py): layer
-# addresses, num_layers, h, n, hidden, heads, kv_heads, head_dim, inter, eps, positions,
-# cos, sin, slots, tables, seqs, lens, num_blocks, block_size, max_blocks, max_len, scale,
-# threads.
+# Every layer of a step in one call (stack.h, stack.py): layer addresses, num_layers, h,
+# n, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos, sin, slots, tables,
+# seqs, lens, num_blocks, block_size, max_blocks, max_len, scale, threads.
 _STACK_SIGNATURE: list[type] = (
     [_P, _I, _P]
     + [_I] * 6
@@ -75,7 +74,8 @@ _STACK_SIGNATURE: list[type] = (
     + [_I] * 4
     + [ctypes.c_float, ctypes.c_int]
 )
-# bfloat16 only, and only in the amx variant, where the process may use AMX.
+# bfloat16 only, and only in the amx variant, where the process may use AMX (as its
+# decode stack, ``decode_stack_bf16_tiles``).
 _TILE_LINEAR_SIGNATURE: list[type] = [_P] * 4 + [_I] * 3 + [ctypes.c_int]
 
 
@@ -313,6 +313,8 @@ def _bind(lib: ctypes.CDLL, variant: kernel_build.Variant) -> Kernels:
     tiles = False
     if variant.has_tiles:
         lib.tile_linear_bf16.argtypes, lib.tile_linear_bf16.restype = _TILE_LINEAR_SIGNATURE, None
+        lib.decode_stack_bf16_tiles.argtypes = _STACK_SIGNATURE
+        lib.decode_stack_bf16_tiles.restype = None
         lib.tile_linear_available.argtypes, lib.tile_linear_available.restype = [], ctypes.c_int
         tiles = bool(lib.tile_linear_available())
     return Kernels(lib, variant=variant.name, has_tile_linear=tiles)

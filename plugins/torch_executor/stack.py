@@ -1,24 +1,32 @@
-"""Every decoder layer of a small step in one call of the CPU kernels (``csrc/stack.cpp``).
+"""Every decoder layer of a step in one call of the CPU kernels (``csrc/stack.h``).
 
 Run one op at a time, a decode step of SmolLM2 makes about 270 kernel calls (30 layers,
 9 each), and each costs interpreter work, a tensor allocation and a parallel region
 opened and closed: about a quarter of a batch-1 step on 2 threads of an AMD EPYC
-(Zen 1), outside the kernels. The stack runs the same ops, in the same order, on the same numbers, inside
-one parallel region: its hidden states are the op-by-op path's, bit for bit (a test
-holds it to that).
+(Zen 1), outside the kernels, and a stall whenever another process takes one of the
+cores the region waits on. The stack runs the same ops, in the same order, on the same
+numbers, inside one parallel region: its hidden states are the op-by-op path's, bit for
+bit (a test holds it to that).
 
-It runs where the op-by-op path would run every layer through the kernels: float32
-weights in a compact format (``compact.py``) whose layout every projection has, over a
-float32 or bfloat16 KV cache (``matmul_dtype: bfloat16``), and a
-step whose rows all attend through the paged kernel (no SDPA chunk) and are few enough
-for the compact projections (the bound the runner measured, ``row_bound.py``).
+It runs a step whose rows all attend through the paged kernel (no SDPA chunk) where the
+op-by-op path would run every layer through the kernels:
+
+- the float32 model over weights in a compact format (``compact.py``) whose layout every
+  projection has, over a float32 or bfloat16 KV cache (``matmul_dtype: bfloat16``), for
+  steps few enough rows for the compact projections (the bound the runner measured,
+  ``row_bound.py``; longer ones take oneDNN's matmuls, one op at a time);
+- the bfloat16 model with every layer projection on AMX tiles (``tile_linear``), which
+  run any number of rows: every such step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from plugins.torch_executor.compact import WeightFormat, applies
+from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
 from plugins.torch_executor.paged import PagedKVCache, StepBatch
 from plugins.torch_executor.weights import LlamaWeights
@@ -29,25 +37,28 @@ class DecodeStack:
 
     def __init__(
         self,
-        kernels: Kernels,
+        run: Callable[..., None],
         weights: LlamaWeights,
         cache: PagedKVCache,
-        fmt: WeightFormat,
-        max_rows: int = COMPACT_MAX_ROWS,
+        projection: Callable[[Linear], tuple[torch.Tensor, torch.Tensor | None]],
+        max_rows: int | None,
     ) -> None:
+        """``run``: the kernels' export; ``projection(linear)``: the weight it reads and
+        its scales (``None`` but for int8); ``max_rows``: the most rows a step may have
+        (``None``: no bound)."""
         self.max_rows = max_rows
-        self._kernels = kernels
+        self._run = run
         self._weights = weights
         self._cache = cache
         addresses: list[int] = []
         for i, layer in enumerate(weights.layers):
             addresses += [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                w = linear.compact_weight(fmt)
-                addresses += [w.values.data_ptr(), 0 if w.scales is None else w.scales.data_ptr()]
+                values, scales = projection(linear)
+                addresses += [values.data_ptr(), 0 if scales is None else scales.data_ptr()]
             addresses += [cache.k[i].data_ptr(), cache.v[i].data_ptr()]
-        # 12 per layer, in stack.cpp's ``Layer`` order; the tensors they point into are
-        # the weights' and the cache's, which outlive this object.
+        # 12 per layer, in stack.h's ``StackLayer`` order; the tensors they point into
+        # are the weights' and the cache's, which outlive this object.
         self._addresses = torch.tensor(addresses, dtype=torch.int64)
 
     @staticmethod
@@ -58,19 +69,41 @@ class DecodeStack:
         fmt: WeightFormat,
         max_rows: int = COMPACT_MAX_ROWS,
     ) -> DecodeStack | None:
-        """The stack for steps of up to ``max_rows`` rows (the compact projections'
-        bound), or ``None`` where it cannot run this model: no kernels, not float32, or
-        a projection without a ``fmt`` layout."""
-        if kernels is None or weights.dtype != torch.float32 or weights.device.type != "cpu":
+        """The stack for this model (module doc): over ``fmt`` weights for steps of up to
+        ``max_rows`` rows (the compact projections' bound) for the float32 model, over
+        AMX tiles for the bfloat16 model; ``None`` where it cannot run it: no kernels,
+        not on the CPU, a projection without the layout, norms not contiguous."""
+        if kernels is None or weights.device.type != "cpu":
             return None
-        for layer in weights.layers:
-            for linear in layer.linears:
-                if not applies(fmt, linear.out_features, linear.in_features):
-                    return None
         norms = [t for layer in weights.layers for t in (layer.input_norm, layer.post_norm)]
         if not all(t.is_contiguous() for t in norms):
             return None
-        return DecodeStack(kernels, weights, cache, fmt, max_rows)
+        linears = [linear for layer in weights.layers for linear in layer.linears]
+        if weights.dtype == torch.bfloat16 and kernels.has_tile_linear:
+            if not all(linear.has_tile_layout for linear in linears):
+                return None
+            return DecodeStack(
+                kernels.lib.decode_stack_bf16_tiles,
+                weights,
+                cache,
+                lambda linear: (linear.tile_weight(), None),
+                max_rows=None,
+            )
+        if weights.dtype != torch.float32:
+            return None
+        if not all(applies(fmt, x.out_features, x.in_features) for x in linears):
+            return None
+        run = (
+            kernels.lib.decode_stack_f32
+            if cache.k[0].dtype == torch.float32
+            else kernels.lib.decode_stack_f32_bf16kv
+        )
+
+        def compact(linear: Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+            w = linear.compact_weight(fmt)
+            return w.values, w.scales
+
+        return DecodeStack(run, weights, cache, compact, max_rows)
 
     def runs(self, step: StepBatch) -> bool:
         """Whether ``step`` can run through the stack (module doc)."""
@@ -79,27 +112,22 @@ class DecodeStack:
             kr is not None
             and kr.rows is None
             and not step.chunks
-            and 0 < step.num_tokens <= self.max_rows
+            and step.num_tokens > 0
+            and (self.max_rows is None or step.num_tokens <= self.max_rows)
         )
 
     def __call__(
         self, h: torch.Tensor, step: StepBatch, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
-        """Every layer on ``h``: ``[num_tokens, hidden]`` float32 embeddings (overwritten:
-        it comes back as the last layer's output), writing the step's K/V into the
-        cache; ``cos``/``sin``: the rotary table ``[max_len, head_dim]``. ``step`` must
-        satisfy ``runs``."""
+        """Every layer on ``h``: ``[num_tokens, hidden]`` embeddings in the model's dtype
+        (overwritten: it comes back as the last layer's output), writing the step's K/V
+        into the cache; ``cos``/``sin``: the rotary table ``[max_len, head_dim]``.
+        ``step`` must satisfy ``runs``."""
         kr = step.kernel_rows
         assert kr is not None and kr.rows is None and h.is_contiguous()
         a = self._weights.args
-        k0 = self._cache.k[0]
-        kv_heads, num_blocks, hd, bs = k0.shape
-        run = (
-            self._kernels.lib.decode_stack_f32
-            if k0.dtype == torch.float32
-            else self._kernels.lib.decode_stack_f32_bf16kv
-        )
-        run(
+        kv_heads, num_blocks, hd, bs = self._cache.k[0].shape
+        self._run(
             self._addresses.data_ptr(), a.num_layers, h.data_ptr(), h.shape[0], a.hidden_size,
             a.num_heads, kv_heads, hd, a.intermediate_size, a.rms_norm_eps,
             step.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), step.slots.data_ptr(),

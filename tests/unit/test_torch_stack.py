@@ -2,7 +2,8 @@
 at a time: the same logits bit for bit, on every variant this CPU runs, both compact
 formats, both attention paths (vectorised at head_dim 64, general at 16), a float32 and a
 bfloat16 KV cache (float32 or bfloat16 matmuls past the compact bound), one and two
-threads; and it stays out of the steps it does not cover."""
+threads; the bfloat16 model's stack on AMX tiles the same way where the CPU has AMX; and
+it stays out of the steps it does not cover."""
 
 from __future__ import annotations
 
@@ -145,14 +146,48 @@ def test_the_stack_gives_the_op_by_op_logits_bit_for_bit(
     assert counted.calls == num_stacked
 
 
-def test_the_stack_needs_compact_float32_weights(
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("routing", ROUTINGS, ids=["fixed", "every-chunk"])
+def test_the_tile_stack_gives_the_op_by_op_logits_bit_for_bit(
+    kernels: Kernels, folder: Path, threads: int, routing: tuple[int, int, int]
+) -> None:
+    """The bfloat16 model on AMX tiles: every step whose rows all attend through the
+    kernel runs stacked, whatever its length (17 and 39 rows pad to whole tiles)."""
+    if not kernels.has_tile_linear:
+        pytest.skip(f"the {kernels.variant} kernels have no AMX tiles this process may use")
+    _, kernel_rows, num_stacked = routing
+    bf16 = load_folder(folder, torch.bfloat16)
+    stacked = runner(bf16, kernels, WeightFormat.DENSE, kernel_rows=kernel_rows)
+    op_by_op = runner(bf16, kernels, WeightFormat.DENSE, kernel_rows=kernel_rows)
+    assert stacked.stack is not None and stacked.stack.max_rows is None
+    counted = Counted(stacked.stack)
+    stacked.stack = counted  # type: ignore[assignment]
+    op_by_op.stack = None
+    rng = random.Random(2)
+    sequences = {r: [rng.randrange(101) for _ in range(64)] for r in "abc"}
+    tables = {r: list(range(20 * i, 20 * i + 4)) for i, r in enumerate("abc")}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for step in STEPS:
+            plan = SchedulerOutput(
+                [ScheduledRequest(r, sequences[r][a:b], a, tables[r], True, GREEDY)
+                 for r, a, b in step]
+            )  # fmt: skip
+            assert torch.equal(stacked.logits(plan).logits, op_by_op.logits(plan).logits), step
+    finally:
+        torch.set_num_threads(previous)
+    assert counted.calls == num_stacked
+
+
+def test_the_stack_needs_compact_float32_weights_or_amx_tiles(
     kernels: Kernels, folder: Path, weights: LlamaWeights
 ) -> None:
     assert runner(weights, kernels, WeightFormat.DENSE).stack is None
     bf16 = ModelRunner(
         load_folder(folder, torch.bfloat16), 8, BLOCK, 64, torch.Generator(), kernels
     )
-    assert bf16.stack is None
+    assert (bf16.stack is not None) == kernels.has_tile_linear
     assert DecodeStack.for_model(None, weights, bf16.cache, WeightFormat.INT8) is None
 
 

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "vec.h"
+#include "stack.h"
 
 #if !(defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__))
 #error "tile_linear.cpp is built only with AMX-TILE, AMX-BF16 and AVX-512 enabled"
@@ -29,87 +29,106 @@ struct TileConfig {
     uint8_t rows[16] = {};
 };
 
-// Tiles 0-3: C for two row blocks x two output blocks (float32, 16 x 16); 4-5: A, the
-// two row blocks' 16 x 32 inputs; 6-7: B, the two output blocks' 16 pairs x 16.
-static void tile_linear(const bf16* w, const bf16* a, const bf16* residual, bf16* out,
-                        int64_t rows, int64_t padded_rows, int64_t n, int64_t k, int threads) {
-    const int64_t blocks = n / 16, pairs = (blocks + 1) / 2, steps = k / 32;
-    #pragma omp parallel num_threads(threads)
-    {
-        // This thread is torch's: other AMX code on it (oneDNN's brgemm kernels, which
-        // PyTorch's CPU flash attention calls through a per-thread cache that skips the
-        // configuration while it believes its own is loaded: `Brgemm::get_current()` in
-        // aten/src/ATen/native/CPUBlas.cpp) may keep a configuration loaded between its
-        // calls. Keep whatever is loaded and put it back after, so this kernel leaves the
-        // thread's tile state as it found it (STTILECFG stores zeros in the INIT state).
-        alignas(64) TileConfig saved;
+// While a ProjectionTiles lives, its thread has the projections' tile configuration
+// (tiles 0-3: C for two row blocks x two output blocks, float32 16 x 16; 4-5: A, the two
+// row blocks' 16 x 32 inputs; 6-7: B, the two output blocks' 16 pairs x 16). The thread
+// is torch's: other AMX code on it (oneDNN's brgemm kernels, which PyTorch's CPU flash
+// attention calls through a per-thread cache that skips the configuration while it
+// believes its own is loaded: `Brgemm::get_current()` in aten/src/ATen/native/CPUBlas.cpp)
+// may keep a configuration loaded between its calls. So it keeps whatever was loaded and
+// puts it back at the end: a kernel leaves the thread's tile state as it found it
+// (STTILECFG stores zeros in the INIT state).
+struct ProjectionTiles {
+    alignas(64) TileConfig saved;
+    ProjectionTiles() {
         _tile_storeconfig(&saved);
         TileConfig cfg;
         for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
         _tile_loadconfig(&cfg);
-        alignas(64) float c[4][16][16];
-        // Each thread takes one contiguous range of output blocks.
-        const int64_t nt = omp_get_num_threads(), per = (pairs + nt - 1) / nt;
-        const int64_t p0 = std::min(pairs, omp_get_thread_num() * per);
-        const int64_t p1 = std::min(pairs, p0 + per);
-        // The thread's outputs go in chunks whose weights fit in about 1 MB of L2, each
-        // chunk swept once per pair of row blocks: the weights come from memory once
-        // and the inputs of a row pair (32 x k) stay in L1.
-        const int64_t chunk = std::max<int64_t>(1, (1 << 20) / (64 * k));
-        for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
-            const int64_t c1 = std::min(p1, c0 + chunk);
-            for (int64_t m0 = 0; m0 < padded_rows; m0 += 32) {
-                const bool two_m = m0 + 16 < padded_rows;
-                for (int64_t p = c0; p < c1; ++p) {
-                    const int64_t nb = 2 * p;
-                    const bool two_n = nb + 1 < blocks;
-                    const char* b0 = reinterpret_cast<const char*>(w + nb * 16 * k);
-                    const char* b1 = b0 + 32 * k;  // the next output block: k / 2 pairs x 64 B
-                    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-                    for (int64_t s = 0; s < steps; ++s) {
-                        if (m0 == 0) {
-                            // 4 KB ahead in both weight streams, on the chunk's first sweep.
-                            for (int line = 0; line < 1024; line += 64) {
-                                _mm_prefetch(b0 + (s + 4) * 1024 + line, _MM_HINT_T0);
-                                if (two_n) _mm_prefetch(b1 + (s + 4) * 1024 + line, _MM_HINT_T0);
-                            }
-                        }
-                        _tile_loadd(4, a + m0 * k + s * 32, k * 2);
-                        _tile_loadd(6, b0 + s * 1024, 64);
-                        _tile_dpbf16ps(0, 4, 6);
-                        if (two_n) {
-                            _tile_loadd(7, b1 + s * 1024, 64);
-                            _tile_dpbf16ps(1, 4, 7);
-                        }
-                        if (two_m) {
-                            _tile_loadd(5, a + (m0 + 16) * k + s * 32, k * 2);
-                            _tile_dpbf16ps(2, 5, 6);
-                            if (two_n) _tile_dpbf16ps(3, 5, 7);
+    }
+    ~ProjectionTiles() {
+        if (saved.palette != 0)
+            _tile_loadconfig(&saved);
+        else
+            _tile_release();
+    }
+    ProjectionTiles(const ProjectionTiles&) = delete;
+    ProjectionTiles& operator=(const ProjectionTiles&) = delete;
+};
+
+// The projection, shared by the threads of the enclosing parallel region (each takes
+// its own range of outputs; no barrier at the end), with the projections' tile
+// configuration loaded on each. a: [padded_rows, k], a multiple of 16 rows.
+static void tile_linear_rows(const bf16* w, const bf16* a, const bf16* residual, bf16* out,
+                             int64_t rows, int64_t padded_rows, int64_t n, int64_t k) {
+    const int64_t blocks = n / 16, pairs = (blocks + 1) / 2, steps = k / 32;
+    alignas(64) float c[4][16][16];
+    // Each thread takes one contiguous range of output blocks.
+    const int64_t nt = omp_get_num_threads(), per = (pairs + nt - 1) / nt;
+    const int64_t p0 = std::min(pairs, omp_get_thread_num() * per);
+    const int64_t p1 = std::min(pairs, p0 + per);
+    // The thread's outputs go in chunks whose weights fit in about 1 MB of L2, each
+    // chunk swept once per pair of row blocks: the weights come from memory once
+    // and the inputs of a row pair (32 x k) stay in L1.
+    const int64_t chunk = std::max<int64_t>(1, (1 << 20) / (64 * k));
+    for (int64_t c0 = p0; c0 < p1; c0 += chunk) {
+        const int64_t c1 = std::min(p1, c0 + chunk);
+        for (int64_t m0 = 0; m0 < padded_rows; m0 += 32) {
+            const bool two_m = m0 + 16 < padded_rows;
+            for (int64_t p = c0; p < c1; ++p) {
+                const int64_t nb = 2 * p;
+                const bool two_n = nb + 1 < blocks;
+                const char* b0 = reinterpret_cast<const char*>(w + nb * 16 * k);
+                const char* b1 = b0 + 32 * k;  // the next output block: k / 2 pairs x 64 B
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                for (int64_t s = 0; s < steps; ++s) {
+                    if (m0 == 0) {
+                        // 4 KB ahead in both weight streams, on the chunk's first sweep.
+                        for (int line = 0; line < 1024; line += 64) {
+                            _mm_prefetch(b0 + (s + 4) * 1024 + line, _MM_HINT_T0);
+                            if (two_n) _mm_prefetch(b1 + (s + 4) * 1024 + line, _MM_HINT_T0);
                         }
                     }
-                    _tile_stored(0, c[0], 64);
-                    _tile_stored(1, c[1], 64);
-                    _tile_stored(2, c[2], 64);
-                    _tile_stored(3, c[3], 64);
-                    for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
-                        for (int ni = 0; ni < (two_n ? 2 : 1); ++ni) {
-                            const int64_t col = (nb + ni) * 16;
-                            for (int r = 0; r < 16 && m0 + mi * 16 + r < rows; ++r) {
-                                const int64_t row = m0 + mi * 16 + r;
-                                vf y = vload(c[mi * 2 + ni][r]);
-                                if (residual)
-                                    y = y + vload(residual + row * n + col);
-                                vstore(out + row * n + col, y);
-                            }
+                    _tile_loadd(4, a + m0 * k + s * 32, k * 2);
+                    _tile_loadd(6, b0 + s * 1024, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    if (two_n) {
+                        _tile_loadd(7, b1 + s * 1024, 64);
+                        _tile_dpbf16ps(1, 4, 7);
+                    }
+                    if (two_m) {
+                        _tile_loadd(5, a + (m0 + 16) * k + s * 32, k * 2);
+                        _tile_dpbf16ps(2, 5, 6);
+                        if (two_n) _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                _tile_stored(0, c[0], 64);
+                _tile_stored(1, c[1], 64);
+                _tile_stored(2, c[2], 64);
+                _tile_stored(3, c[3], 64);
+                for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
+                    for (int ni = 0; ni < (two_n ? 2 : 1); ++ni) {
+                        const int64_t col = (nb + ni) * 16;
+                        for (int r = 0; r < 16 && m0 + mi * 16 + r < rows; ++r) {
+                            const int64_t row = m0 + mi * 16 + r;
+                            vf y = vload(c[mi * 2 + ni][r]);
+                            if (residual)
+                                y = y + vload(residual + row * n + col);
+                            vstore(out + row * n + col, y);
                         }
                     }
                 }
             }
         }
-        if (saved.palette != 0)
-            _tile_loadconfig(&saved);
-        else
-            _tile_release();
+    }
+}
+
+static void tile_linear(const bf16* w, const bf16* a, const bf16* residual, bf16* out,
+                        int64_t rows, int64_t padded_rows, int64_t n, int64_t k, int threads) {
+    #pragma omp parallel num_threads(threads)
+    {
+        ProjectionTiles tiles;
+        tile_linear_rows(w, a, residual, out, rows, padded_rows, n, k);
     }
 }
 
@@ -136,3 +155,20 @@ extern "C" void tile_linear_bf16(const bf16* w, const bf16* x, const bf16* resid
     tile_linear(w, padded.data(), residual, out, rows, padded_rows, n, k, threads);
 }
 
+
+// The decode stack (stack.h) of the bfloat16 model with every projection on AMX tiles:
+// the same kernels in the same order as the op-by-op path (rms_norm_bf16, tile_linear_bf16,
+// rope_store_bf16, paged_attention_bf16, silu_mul_bf16), the same numbers, over a
+// bfloat16 KV cache. Rows run in tiles of 16, so the projections' inputs hold the rows
+// padded to 16 (zeros).
+extern "C" void decode_stack_bf16_tiles(STACK_ARGS(bf16)) {
+    const int64_t padded_rows = (n + 15) / 16 * 16;
+    auto project = [&](const void* w, const float*, const bf16* x, const bf16* residual,
+                       bf16* out, int64_t n_out, int64_t k) {
+        tile_linear_rows(static_cast<const bf16*>(w), x, residual, out, n, padded_rows, n_out,
+                         k);
+        #pragma omp barrier
+    };
+    // One configuration per thread for the whole step, kept and put back as tile_linear.
+    decode_layers<bf16, bf16, ProjectionTiles>(STACK_ARG_NAMES, padded_rows, project);
+}
