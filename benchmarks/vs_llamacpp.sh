@@ -108,12 +108,22 @@ mkdir -p "$OUT"
 
 edit_config "$CONFIG" "$OUT/ours.yaml" "config.setdefault('executor', {})['num_threads'] = $THREADS"
 
+# llama.cpp 0.3.36 built native on a CPU with AMX-INT8 puts Q4_1 weights in its AMX buffer
+# type, and its first matmul there crashed (SIGSEGV in ggml_backend_amx_mul_mat, on an
+# Intel Xeon of the Sapphire Rapids class): --no-repack keeps the weights in the CPU
+# buffer, where its AVX-512 kernels run them. Q4_1 has no other repacked layout on x86.
+LLAMACPP_EXTRA=()
+if [[ $FLAVOUR == native ]] && grep -qw amx_int8 /proc/cpuinfo; then
+    LLAMACPP_EXTRA=(--no-repack)
+    echo "vs_llamacpp: AMX-INT8 CPU: llama-server runs with --no-repack (its AMX path crashes)" >&2
+fi
+
 start_llamacpp() { # LOG
     # One slot per concurrent client, each with room for the longest request (400 + 256
     # tokens, rounded up); llama.cpp splits -c evenly across the slots.
     READY_PATH=/health launch_server "$1" "$LLAMA_SERVER" -m "$GGUF" --alias SmolLM2-135M-Instruct \
         --host 127.0.0.1 --port "$PORT" -t "$THREADS" -tb "$THREADS" \
-        -np "$CONCURRENCY" -c $((CONCURRENCY * 1024)) --no-webui
+        -np "$CONCURRENCY" -c $((CONCURRENCY * 1024)) --no-webui "${LLAMACPP_EXTRA[@]}"
 }
 
 start_ours() { # LOG
