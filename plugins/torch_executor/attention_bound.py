@@ -19,7 +19,10 @@ rows (``CANDIDATES``), twice a round: from position 0 (a prompt's first chunk, w
 keys SDPA takes from the projection) and after as many cached tokens (a later chunk,
 whose context SDPA gathers), summed. It stops at the first row count where SDPA wins;
 ``choose`` turns the timings into the bound. On 2 threads of that EPYC the measurement
-takes about 0.1 s for SmolLM2.
+takes about 0.1 s for SmolLM2, 0.2 s on 2 threads of a Sapphire Rapids Xeon. On a CPU so
+slow that it passes ``BUDGET_S`` it stops there, and the kernel takes no more rows than
+the largest count it measured: under qemu's Haswell emulation 128 rows took some 200
+times as long as natively, and the whole list would have taken about 7 minutes.
 
 The bound only moves work between two exact computations of the same attention; each
 rounds differently, so greedy outputs near a tie may differ between CPUs that chose
@@ -51,6 +54,7 @@ from plugins.torch_executor.weights import ModelArgs
 
 CANDIDATES = (32, 64, 128, 256, 512)
 ROUNDS = 3  # per row count and path, alternating; the median of each is compared
+BUDGET_S = 10.0  # seconds after which the measurement takes no further row count
 EVERY_CHUNK = sys.maxsize  # the bound when the kernel never lost: every slice takes it
 BLOCK_SIZE = 16  # the measurement's own cache; attention's cost does not depend on it
 
@@ -59,23 +63,27 @@ BLOCK_SIZE = 16  # the measurement's own cache; attention's cost does not depend
 class AttentionBound:
     """The bound (rows) and the timings behind it: ``timings[rows] = (kernel, sdpa)``,
     one layer's attention of a chunk of ``rows`` rows from position 0 plus one after
-    ``rows`` cached tokens, in seconds (medians), for each row count measured."""
+    ``rows`` cached tokens, in seconds (medians), for each row count measured;
+    ``complete``: false when the measurement stopped at its time budget."""
 
     rows: int
     timings: dict[int, tuple[float, float]]
+    complete: bool = True
 
     def describe(self) -> str:
         cells = ", ".join(
             f"{r}: {k * 1e3:.2f}/{s * 1e3:.2f} ms" for r, (k, s) in self.timings.items()
         )
         reach = "every chunk" if self.rows == EVERY_CHUNK else f"chunks up to {self.rows} rows"
-        return f"paged-kernel attention for {reach} (kernel/SDPA per layer: {cells})"
+        stopped = "" if self.complete else f"; stopped at its {BUDGET_S:.0f} s budget"
+        return f"paged-kernel attention for {reach} (kernel/SDPA per layer: {cells}{stopped})"
 
 
-def choose(timings: dict[int, tuple[float, float]]) -> int:
+def choose(timings: dict[int, tuple[float, float]], complete: bool = True) -> int:
     """The largest row count of an unbroken run, from the smallest, where the kernel
-    was no slower than SDPA; ``EVERY_CHUNK`` when it never lost (the two scale alike
-    past the largest count measured: both read each row's context once per row block);
+    was no slower than SDPA; when it never lost, ``EVERY_CHUNK`` if the measurement was
+    ``complete`` (the two scale alike past the largest count measured: both read each
+    row's context once per row block), else the largest count measured;
     ``KERNEL_MAX_ROWS`` when it lost at the first."""
     rows = KERNEL_MAX_ROWS
     for r in sorted(timings):
@@ -83,7 +91,7 @@ def choose(timings: dict[int, tuple[float, float]]) -> int:
         if kernel > sdpa:
             return rows
         rows = r
-    return EVERY_CHUNK if timings else KERNEL_MAX_ROWS
+    return EVERY_CHUNK if timings and complete else rows
 
 
 def measure(
@@ -92,11 +100,13 @@ def measure(
     rope: RotaryTable,
     dtype: torch.dtype,
     kv_dtype: torch.dtype | None = None,
+    budget_s: float = BUDGET_S,
 ) -> AttentionBound | None:
     """Time one layer's attention through the kernel and through SDPA for the
-    ``CANDIDATES`` that fit ``rope``'s positions (module doc), in ``dtype`` over a cache
-    of ``kv_dtype`` (``None``: ``dtype``); ``None`` when none fits (a model length under
-    64 tokens)."""
+    ``CANDIDATES`` that fit ``rope``'s positions, taking no further count once
+    ``budget_s`` seconds have passed (module doc), in ``dtype`` over a cache of
+    ``kv_dtype`` (``None``: ``dtype``); ``None`` when none fits (a model length under 64
+    tokens)."""
     fitting = [r for r in CANDIDATES if 2 * r <= rope.cos.shape[0]]
     if not fitting:
         return None
@@ -114,29 +124,48 @@ def measure(
         qkv = torch.randn(rows, width, generator=gen).to(dtype)
         return lambda: attend(0, qkv)
 
-    timings: dict[int, tuple[float, float]] = {}
-    with torch.inference_mode():
-        for rows in fitting:
-            # kernel_max_rows = rows: the whole chunk through the kernel; 1: through SDPA
-            # (a slice that does not sample keeps no rows for the kernel).
-            paths = {
-                path: [attention(rows, cached, bound) for cached in (0, rows)]
-                for path, bound in (("kernel", rows), ("sdpa", 1))
-            }
-            for calls in paths.values():  # untimed first: first-use allocations
+    def time_count(rows: int) -> tuple[float, float]:
+        """One layer's attention of ``rows`` rows both ways, (kernel, SDPA), medians in
+        seconds."""
+        # kernel_max_rows = rows: the whole chunk through the kernel; 1: through SDPA
+        # (a slice that does not sample keeps no rows for the kernel).
+        paths = {
+            path: [attention(rows, cached, bound) for cached in (0, rows)]
+            for path, bound in (("kernel", rows), ("sdpa", 1))
+        }
+        for calls in paths.values():  # untimed first: first-use allocations
+            for call in calls:
+                call()
+        samples: dict[str, list[float]] = {path: [] for path in paths}
+        for _ in range(ROUNDS):
+            for path, calls in paths.items():
+                start = time.perf_counter()
                 for call in calls:
                     call()
-            samples: dict[str, list[float]] = {path: [] for path in paths}
-            for _ in range(ROUNDS):
-                for path, calls in paths.items():
-                    start = time.perf_counter()
-                    for call in calls:
-                        call()
-                    samples[path].append(time.perf_counter() - start)
-            timings[rows] = (
-                statistics.median(samples["kernel"]),
-                statistics.median(samples["sdpa"]),
-            )
-            if timings[rows][0] > timings[rows][1]:
-                break
-    return AttentionBound(choose(timings), timings)
+                samples[path].append(time.perf_counter() - start)
+        return statistics.median(samples["kernel"]), statistics.median(samples["sdpa"])
+
+    with torch.inference_mode():
+        return scan(time_count, fitting, budget_s)
+
+
+def scan(
+    time_count: Callable[[int], tuple[float, float]],
+    counts: list[int],
+    budget_s: float = BUDGET_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> AttentionBound:
+    """The bound from ``time_count(rows) = (kernel, sdpa)`` seconds over ``counts``
+    (rising), up to the first SDPA wins, or to the count at which ``clock`` shows
+    ``budget_s`` seconds passed since the start (then the bound is not ``complete``)."""
+    started = clock()
+    timings: dict[int, tuple[float, float]] = {}
+    complete = True
+    for rows in counts:
+        timings[rows] = time_count(rows)
+        if timings[rows][0] > timings[rows][1]:
+            break
+        if rows != counts[-1] and clock() - started > budget_s:
+            complete = False
+            break
+    return AttentionBound(choose(timings, complete), timings, complete)

@@ -9,14 +9,21 @@ count. On 2 threads of an AMD EPYC (Zen 1), a whole decode step of SmolLM2 ran f
 through the compact stack up to 48 rows and 10% slower at 64, so no fixed bound suits
 every CPU.
 
-``measure`` estimates a step's projections both ways at a rising list of row counts
-(``CANDIDATES``): one layer's four projections (a different layer each round, so the
-weights come from memory as in a step) times the number of layers, plus the LM head,
-timed on a slice of its outputs and scaled (both paths split the outputs into
-independent blocks, so their time follows the outputs' count). It stops at the first
-count where the dense matmul wins; ``choose`` turns the estimates into the bound. The
-whole measurement takes a fraction of a second (about 0.3 s for SmolLM2 on 2 threads of
-a Zen 1 EPYC).
+``measure`` estimates a step's projections both ways at a row count: one layer's four
+projections (a different layer each round, so the weights come from memory as in a
+step) times the number of layers, plus the LM head, timed on a slice of its outputs and
+scaled (both paths split the outputs into independent blocks, so their time follows the
+outputs' count). It takes the largest count (``CANDIDATES[-1]``) first: when the compact
+weights win there by ``CLEAR_WIN`` they win every smaller count too (fewer rows only
+make the projections more bound by memory, where compact weights read fewer bytes), and
+that count is the bound. Otherwise it goes up the list from the smallest and stops at
+the first count where the dense matmul wins; ``choose`` turns the estimates into the
+bound. The whole measurement takes a fraction of a second (about 0.3 s for SmolLM2 on 2
+threads of a Zen 1 EPYC, 0.2 s on 2 threads of a Sapphire Rapids Xeon); on a CPU so
+slow that going up the list passes ``BUDGET_S``, it stops there and keeps the counts it
+measured (under qemu's Haswell emulation oneDNN's float32 matmul ran some 3,000 times
+slower than natively, the compact kernels some 100 times: 64 rows took 568 against 14 s
+a step, and the whole list 280 s).
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from plugins.torch_executor.weights import LlamaWeights
 
 CANDIDATES = (4, 8, 16, 24, 32, 48, 64)
 ROUNDS = 3  # per row count and path, alternating; the median of each is compared
+CLEAR_WIN = 1.2  # dense / compact at the largest count that settles the bound at once
+BUDGET_S = 10.0  # seconds after which going up the list stops (a very slow CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +82,13 @@ def measure(
     weights: LlamaWeights,
     fmt: WeightFormat,
     dense: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__,
+    budget_s: float = BUDGET_S,
 ) -> RowBound:
     """Estimate a step's projections over ``fmt`` and through ``dense`` (what runs the
-    longer batches: oneDNN's float32 matmul, or ``linear.bfloat16_linear``) for
-    ``CANDIDATES`` rows (module doc). The layers' layouts must be built (``ModelRunner``
-    builds them first)."""
+    longer batches: oneDNN's float32 matmul, or ``linear.bfloat16_linear``): at the
+    largest of ``CANDIDATES`` first, then up the list until the dense matmul wins or
+    ``budget_s`` seconds have passed (module doc). The layers' layouts must be built
+    (``ModelRunner`` builds them first)."""
     a = weights.args
     gen = torch.Generator().manual_seed(0)
     layers = weights.layers
@@ -85,44 +96,65 @@ def measure(
     slice_rows = max(BLOCK, head.out_features // HEAD_SLICES // BLOCK * BLOCK)
     head_slice = Linear(head.weight[:slice_rows])
     head_scale = head.out_features / slice_rows
+    turn = 0
+
+    def estimate(rows: int) -> tuple[float, float]:
+        """A step's projections at ``rows`` rows, (compact, dense), medians in seconds."""
+        nonlocal turn
+        hidden = torch.randn(rows, a.hidden_size, generator=gen)
+        attn = torch.randn(rows, a.num_heads * a.head_dim, generator=gen)
+        inter = torch.randn(rows, a.intermediate_size, generator=gen)
+        samples: dict[str, list[float]] = {"compact": [], "dense": []}
+        # Untimed first: oneDNN builds its primitive for a new row count on first use.
+        for linear, x in ((layers[0].qkv, hidden), (layers[0].o, attn),
+                          (layers[0].gate_up, hidden), (layers[0].down, inter),
+                          (head_slice, hidden)):  # fmt: skip
+            dense(linear, x)
+        for _ in range(ROUNDS):
+            for path, times in samples.items():
+                layer = layers[turn % len(layers)]
+                turn += 1
+                run = (
+                    partial(kernels.compact_linear, fmt, max_rows=rows)
+                    if path == "compact"
+                    else dense
+                )
+                start = time.perf_counter()
+                run(layer.qkv, hidden), run(layer.o, attn)
+                run(layer.gate_up, hidden), run(layer.down, inter)
+                mid = time.perf_counter()
+                run(head_slice, hidden)
+                end = time.perf_counter()
+                times.append(len(layers) * (mid - start) + head_scale * (end - mid))
+        return statistics.median(samples["compact"]), statistics.median(samples["dense"])
+
     with torch.inference_mode():
         head_slice.packed_weight()
         if dense is bfloat16_linear:
             head_slice.as_bfloat16().packed_weight()
         if applies(fmt, head_slice.out_features, head_slice.in_features):
             head_slice.compact_weight(fmt)
-        timings: dict[int, tuple[float, float]] = {}
-        turn = 0
-        for rows in CANDIDATES:
-            hidden = torch.randn(rows, a.hidden_size, generator=gen)
-            attn = torch.randn(rows, a.num_heads * a.head_dim, generator=gen)
-            inter = torch.randn(rows, a.intermediate_size, generator=gen)
-            samples: dict[str, list[float]] = {"compact": [], "dense": []}
-            # Untimed first: oneDNN builds its primitive for a new row count on first use.
-            for linear, x in ((layers[0].qkv, hidden), (layers[0].o, attn),
-                              (layers[0].gate_up, hidden), (layers[0].down, inter),
-                              (head_slice, hidden)):  # fmt: skip
-                dense(linear, x)
-            for _ in range(ROUNDS):
-                for path, estimate in samples.items():
-                    layer = layers[turn % len(layers)]
-                    turn += 1
-                    run = (
-                        partial(kernels.compact_linear, fmt, max_rows=rows)
-                        if path == "compact"
-                        else dense
-                    )
-                    start = time.perf_counter()
-                    run(layer.qkv, hidden), run(layer.o, attn)
-                    run(layer.gate_up, hidden), run(layer.down, inter)
-                    mid = time.perf_counter()
-                    run(head_slice, hidden)
-                    end = time.perf_counter()
-                    estimate.append(len(layers) * (mid - start) + head_scale * (end - mid))
-            timings[rows] = (
-                statistics.median(samples["compact"]),
-                statistics.median(samples["dense"]),
-            )
-            if timings[rows][0] > timings[rows][1]:
-                break
+        return search(estimate, budget_s)
+
+
+def search(
+    estimate: Callable[[int], tuple[float, float]],
+    budget_s: float = BUDGET_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RowBound:
+    """The bound from ``estimate(rows) = (compact, dense)`` seconds: the largest of
+    ``CANDIDATES`` when the compact weights win it by ``CLEAR_WIN``, else ``choose`` over
+    the counts from the smallest up to the first the dense matmul wins, or to the count
+    at which ``clock`` shows ``budget_s`` seconds passed since the start."""
+    started = clock()
+    largest = CANDIDATES[-1]
+    top = estimate(largest)
+    if top[0] * CLEAR_WIN <= top[1]:
+        return RowBound(largest, {largest: top})
+    timings: dict[int, tuple[float, float]] = {}
+    for rows in CANDIDATES:
+        timings[rows] = top if rows == largest else estimate(rows)
+        lost = timings[rows][0] > timings[rows][1]
+        if lost or clock() - started > budget_s:
+            break
     return RowBound(choose(timings), timings)

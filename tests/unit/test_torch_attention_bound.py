@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from plugins.torch_executor.attention_bound import CANDIDATES, EVERY_CHUNK, choose, measure
+from plugins.torch_executor.attention_bound import (
+    CANDIDATES,
+    EVERY_CHUNK,
+    choose,
+    measure,
+    scan,
+)
 from plugins.torch_executor.model import RotaryTable
 from plugins.torch_executor.native import load_kernels
 from plugins.torch_executor.paged import KERNEL_MAX_ROWS
@@ -23,6 +29,26 @@ def test_the_bound_is_the_last_row_count_before_sdpa_first_wins() -> None:
     assert choose({32: (1.0, 2.0), 64: (1.5, 2.0)}) == EVERY_CHUNK  # never lost
     assert choose({32: (2.1, 2.0)}) == KERNEL_MAX_ROWS  # lost at once: the fixed floor
     assert choose({}) == KERNEL_MAX_ROWS
+    # Stopped at the budget before the kernel lost: no further than it measured.
+    assert choose({32: (1.0, 2.0), 64: (1.5, 2.0)}, complete=False) == 64
+
+
+def test_the_scan_stops_at_its_budget_and_says_so() -> None:
+    now = [0.0]
+    asked: list[int] = []
+
+    def time_count(rows: int) -> tuple[float, float]:
+        asked.append(rows)
+        now[0] += 6.0  # each count "takes" 6 s: two pass a 10 s budget
+        return 1.0, 2.0  # the kernel wins every count
+
+    bound = scan(time_count, list(CANDIDATES), budget_s=10.0, clock=lambda: now[0])
+    assert asked == list(CANDIDATES[:2])
+    assert not bound.complete and bound.rows == CANDIDATES[1]
+    assert "stopped at its 10 s budget" in bound.describe()
+    now[0], asked[:] = 0.0, []
+    whole = scan(time_count, list(CANDIDATES), budget_s=1e9, clock=lambda: now[0])
+    assert asked == list(CANDIDATES) and whole.complete and whole.rows == EVERY_CHUNK
 
 
 @pytest.fixture(scope="module")
