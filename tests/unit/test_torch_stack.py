@@ -107,6 +107,29 @@ ROUTINGS = [
 ]
 
 
+def assert_same_logits_every_step(
+    stacked: ModelRunner, op_by_op: ModelRunner, threads: int, seed: int
+) -> None:
+    """Run ``STEPS`` over three requests of random tokens through both runners on
+    ``threads`` threads: the same request ids and bit-identical logits at every step."""
+    rng = random.Random(seed)
+    sequences = {r: [rng.randrange(101) for _ in range(64)] for r in "abc"}
+    tables = {r: list(range(20 * i, 20 * i + 4)) for i, r in enumerate("abc")}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for step in STEPS:
+            plan = SchedulerOutput(
+                [ScheduledRequest(r, sequences[r][a:b], a, tables[r], True, GREEDY)
+                 for r, a, b in step]
+            )  # fmt: skip
+            got, expected = stacked.logits(plan), op_by_op.logits(plan)
+            assert got.request_ids == expected.request_ids
+            assert torch.equal(got.logits, expected.logits), step
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.BFLOAT16])
 @pytest.mark.parametrize("routing", ROUTINGS, ids=["fixed", "every-chunk"])
@@ -127,22 +150,7 @@ def test_the_stack_gives_the_op_by_op_logits_bit_for_bit(
     counted = Counted(stacked.stack)
     stacked.stack = counted  # type: ignore[assignment]
     op_by_op.stack = None
-    rng = random.Random(1)
-    sequences = {r: [rng.randrange(101) for _ in range(64)] for r in "abc"}
-    tables = {r: list(range(20 * i, 20 * i + 4)) for i, r in enumerate("abc")}
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for step in STEPS:
-            plan = SchedulerOutput(
-                [ScheduledRequest(r, sequences[r][a:b], a, tables[r], True, GREEDY)
-                 for r, a, b in step]
-            )  # fmt: skip
-            got, expected = stacked.logits(plan), op_by_op.logits(plan)
-            assert got.request_ids == expected.request_ids
-            assert torch.equal(got.logits, expected.logits), step
-    finally:
-        torch.set_num_threads(previous)
+    assert_same_logits_every_step(stacked, op_by_op, threads, seed=1)
     assert counted.calls == num_stacked
 
 
@@ -163,20 +171,7 @@ def test_the_tile_stack_gives_the_op_by_op_logits_bit_for_bit(
     counted = Counted(stacked.stack)
     stacked.stack = counted  # type: ignore[assignment]
     op_by_op.stack = None
-    rng = random.Random(2)
-    sequences = {r: [rng.randrange(101) for _ in range(64)] for r in "abc"}
-    tables = {r: list(range(20 * i, 20 * i + 4)) for i, r in enumerate("abc")}
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        for step in STEPS:
-            plan = SchedulerOutput(
-                [ScheduledRequest(r, sequences[r][a:b], a, tables[r], True, GREEDY)
-                 for r, a, b in step]
-            )  # fmt: skip
-            assert torch.equal(stacked.logits(plan).logits, op_by_op.logits(plan).logits), step
-    finally:
-        torch.set_num_threads(previous)
+    assert_same_logits_every_step(stacked, op_by_op, threads, seed=2)
     assert counted.calls == num_stacked
 
 
