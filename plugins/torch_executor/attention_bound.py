@@ -75,7 +75,7 @@ class AttentionBound:
             f"{r}: {k * 1e3:.2f}/{s * 1e3:.2f} ms" for r, (k, s) in self.timings.items()
         )
         reach = "every chunk" if self.rows == EVERY_CHUNK else f"chunks up to {self.rows} rows"
-        stopped = "" if self.complete else f"; stopped at its {BUDGET_S:.0f} s budget"
+        stopped = "" if self.complete else "; stopped at its time budget"
         return f"paged-kernel attention for {reach} (kernel/SDPA per layer: {cells}{stopped})"
 
 

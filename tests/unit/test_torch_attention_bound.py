@@ -45,10 +45,11 @@ def test_the_scan_stops_at_its_budget_and_says_so() -> None:
     bound = scan(time_count, list(CANDIDATES), budget_s=10.0, clock=lambda: now[0])
     assert asked == list(CANDIDATES[:2])
     assert not bound.complete and bound.rows == CANDIDATES[1]
-    assert "stopped at its 10 s budget" in bound.describe()
+    assert "stopped at its time budget" in bound.describe()
     now[0], asked[:] = 0.0, []
     whole = scan(time_count, list(CANDIDATES), budget_s=1e9, clock=lambda: now[0])
     assert asked == list(CANDIDATES) and whole.complete and whole.rows == EVERY_CHUNK
+    assert "budget" not in whole.describe()
 
 
 @pytest.fixture(scope="module")

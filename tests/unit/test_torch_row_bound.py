@@ -24,7 +24,7 @@ def test_the_bound_is_the_last_row_count_before_the_dense_matmul_first_wins() ->
 
 
 class Clock:
-    """A clock that moves only when a row count is estimated: ``cost_s`` per count."""
+    """A fake clock: ``estimates`` moves it ``cost_s`` per row count it estimates."""
 
     def __init__(self, cost_s: float) -> None:
         self.now = 0.0
