@@ -117,11 +117,17 @@ class SLOBudgetConfig(StrictModel):
     largest that keeps the predicted step time under ``margin`` times the tightest TPOT
     target among running requests; ``max_num_tokens`` and ``chunk_size`` stay upper
     bounds, and at least ``min_prefill_tokens`` of prefill run per step while any is
-    waiting (so new requests are never starved by the decode batch)."""
+    waiting (so new requests are never starved by the decode batch).
+
+    ``default_tpot_ms``: the TPOT target (ms) a running request without one of its own
+    (no SLO class) holds the step to; ``None``: such requests bound nothing. With it, a
+    config without SLO classes can take large steps while no stream runs (a burst's
+    prompts) and keep them short once streams do, on whatever CPU or GPU it runs."""
 
     enabled: bool = False
     margin: float = Field(1.0, gt=0, le=2)
     min_prefill_tokens: int = Field(16, ge=0)
+    default_tpot_ms: float | None = Field(None, gt=0)
 
 
 class FairShareConfig(StrictModel):

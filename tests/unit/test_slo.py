@@ -391,6 +391,42 @@ def test_slo_budget_keeps_a_minimum_prefill_and_the_fixed_caps() -> None:
     assert loose.step_budget() == 100  # max_num_tokens stays the upper bound
 
 
+def test_slo_budget_holds_requests_without_a_class_to_the_default_tpot() -> None:
+    sched = make_scheduler(
+        predictor=ModelStepTimePredictor(linear_step),
+        max_num_tokens=1000,
+        chunk_size=512,
+        slo_budget={"enabled": True, "default_tpot_ms": 100},
+    )
+    for i in range(4):
+        sched.add_request(make_request(8, max_tokens=50, request_id=f"r{i}"))
+    assert sched.step_budget() == 1000  # a burst's prompts: no stream to stall yet
+    sched.update(plan := sched.schedule(0.0), _sampled(plan), 0.01)
+    # No class: 0.01 + 0.001 x tokens <= 0.1 s -> at most 90 tokens.
+    assert sched.step_budget() == 90
+    mixed = make_scheduler(
+        predictor=ModelStepTimePredictor(linear_step),
+        max_num_tokens=1000,
+        slo_classes=CLASSES,
+        slo_budget={"enabled": True, "default_tpot_ms": 100},
+    )
+    mixed.add_request(make_request(8, max_tokens=50, slo_class="batch"))
+    mixed.update(plan := mixed.schedule(0.0), _sampled(plan), 0.01)
+    assert mixed.step_budget() == 190  # only the batch class's 200 ms runs
+    mixed.add_request(make_request(8, max_tokens=50, request_id="no-class"))
+    assert mixed.step_budget() == 190  # a queued request bounds nothing
+    mixed.update(plan := mixed.schedule(0.02), _sampled(plan), 0.03)
+    assert mixed.step_budget() == 90  # the tighter default now: 100 ms
+    without = make_scheduler(
+        predictor=ModelStepTimePredictor(linear_step),
+        max_num_tokens=1000,
+        slo_budget={"enabled": True},
+    )
+    without.add_request(make_request(8, max_tokens=50))
+    without.update(plan := without.schedule(0.0), _sampled(plan), 0.01)
+    assert without.step_budget() == 1000  # no default: requests without a class bound nothing
+
+
 def test_slo_budget_off_keeps_max_num_tokens() -> None:
     sched = make_scheduler(predictor=ModelStepTimePredictor(linear_step), slo_classes=CLASSES)
     sched.add_request(make_request(8, slo_class="interactive"))

@@ -479,11 +479,15 @@ def slo_step_budget(
 ) -> int:
     """The SLO-derived token budget (tokens): the running requests' decode tokens plus the
     largest prefill for which the predicted step time stays within ``slo_budget.margin``
-    x the tightest TPOT target among ``running`` (at least ``min_prefill_tokens``, at
-    most ``max_num_tokens`` in all); ``max_num_tokens`` when no running request has a
-    target, or while the predictor is not trusted (a wrong fit must not starve
-    prefill). A binary search over the prefill size: about a dozen predictions."""
+    x the tightest TPOT target among ``running`` (``slo_budget.default_tpot_ms`` for one
+    without a target; at least ``min_prefill_tokens``, at most ``max_num_tokens`` in
+    all); ``max_num_tokens`` when no running request has a target, or while the
+    predictor is not trusted (a wrong fit must not starve prefill). A binary search over
+    the prefill size: about a dozen predictions."""
+    default_ms = config.slo_budget.default_tpot_ms
     targets = [r.tpot_target_s for r in running if r.tpot_target_s is not None]
+    if default_ms is not None and len(targets) < len(running):
+        targets.append(default_ms / 1000)
     if not targets or not predictor.trusted:
         return config.max_num_tokens
     limit = min(targets) * config.slo_budget.margin
