@@ -36,14 +36,17 @@ IDLE_COMPILE_WAIT_S = 0.005
 
 # What the log says when the step-time predictor's state changes.
 _STATE_MESSAGES = {
-    PredictorState.TRUSTED: "step-time predictor trusted: SLO admission acts on its predictions",
+    PredictorState.TRUSTED: (
+        "step-time predictor trusted: SLO admission and the SLO budget act on its predictions"
+    ),
     PredictorState.UNCALIBRATED: (
         "step-time predictor uncalibrated (default prior): SLO admission falls back to "
-        "queue limits until measured steps confirm it"
+        "queue limits and the SLO budget to max_num_tokens until measured steps confirm it"
     ),
     PredictorState.DRIFTING: (
         "step-time predictor drifting (recent error over its bound, or the step cost "
-        "changed): SLO admission falls back to queue limits until the fit recovers"
+        "changed): SLO admission falls back to queue limits and the SLO budget to "
+        "max_num_tokens until the fit recovers"
     ),
 }
 
