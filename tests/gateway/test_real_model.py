@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.common.corpus import token_prompts
 from orchestrator.common.model_source import load_tokenizer
+from orchestrator.core.config import SLOBudgetConfig
 from orchestrator.core.engine import EngineCore
 from orchestrator.core.request import SamplingParams, Submission
 from orchestrator.gateway.config import ServeConfig, load_serve_config
@@ -48,6 +49,18 @@ def tokenizer(config: ServeConfig) -> HFTokenizer:
 @pytest.fixture(scope="module")
 def base(config: ServeConfig) -> Iterator[str]:
     with running_server(config, ready_timeout_s=600) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def small_step_base(config: ServeConfig) -> Iterator[str]:
+    """A server of the same config with 256-token steps and no stall bound, for a test
+    that needs prompts admitted about one per step whatever make serve's budget is."""
+    scheduler = config.scheduler.model_copy(
+        update={"max_num_tokens": 256, "chunk_size": 256, "slo_budget": SLOBudgetConfig()}
+    )
+    small_steps = config.model_copy(update={"scheduler": scheduler})
+    with running_server(small_steps, ready_timeout_s=600) as (url, _):
         yield url
 
 
@@ -273,7 +286,7 @@ def test_64_concurrent_streams_complete_and_free_everything(base: str, model: st
 
 
 def test_high_priority_request_overtakes_the_queue(
-    base: str, model: str, tokenizer: HFTokenizer
+    small_step_base: str, model: str, tokenizer: HFTokenizer
 ) -> None:
     # Twelve low-priority prompts of 250 tokens: each prefill fills most of a 256-token
     # step, so they are admitted about one per step and queue behind one another. The
@@ -282,7 +295,7 @@ def test_high_priority_request_overtakes_the_queue(
 
     async def run() -> tuple[list[float], float]:
         limits = httpx.Limits(max_connections=16)
-        async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as http:
+        async with httpx.AsyncClient(base_url=small_step_base, timeout=600, limits=limits) as http:
 
             def body(prompt: list[int], priority: int | None = None) -> dict[str, Any]:
                 b: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": 2}
