@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class EngineError(Exception):
     """Base class for errors a client caused or must be told about."""
@@ -33,6 +35,18 @@ class OverloadedError(EngineError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.code = code
+
+    @property
+    def retry_after_header_s(self) -> int:
+        """The wait a client is told (s): HTTP's ``Retry-After`` carries whole seconds
+        (RFC 9110 delay-seconds), so ``retry_after_s`` rounded up, at least 1. A client
+        that honours it comes back this long after the refusal."""
+        return retry_after_header_s(self.retry_after_s)
+
+
+def retry_after_header_s(retry_after_s: float) -> int:
+    """``retry_after_s`` as ``Retry-After`` carries it: whole seconds, rounded up, >= 1."""
+    return max(1, math.ceil(retry_after_s))
 
 
 class EngineDeadError(EngineError):

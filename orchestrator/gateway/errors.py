@@ -16,7 +16,6 @@ line shows.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -116,9 +115,10 @@ def to_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, AdmissionError):
         return APIError(400, str(exc), param=exc.param, code="request_not_admissible")
     if isinstance(exc, OverloadedError):
-        # The engine's predicted drain time, in the whole seconds Retry-After carries.
-        retry_after = str(max(1, math.ceil(exc.retry_after_s)))
-        headers = {"Retry-After": retry_after, DROPPED_REASON_HEADER: DROPPED_SATURATED}
+        headers = {
+            "Retry-After": str(exc.retry_after_header_s),
+            DROPPED_REASON_HEADER: DROPPED_SATURATED,
+        }
         return APIError(429, str(exc), code=exc.code, headers=headers)
     if isinstance(exc, EngineDeadError):
         return APIError(503, str(exc), code="engine_unavailable")

@@ -394,9 +394,9 @@ def map_error(exc: BaseException) -> MappedError:
         message = f"{exc.param}: {exc}" if exc.param else str(exc)
         return MappedError(DynamoErrorKind.INVALID_ARGUMENT, message)
     if isinstance(exc, OverloadedError):
-        retry_after = max(1, math.ceil(exc.retry_after_s))
         return MappedError(
-            DynamoErrorKind.RATE_LIMITED, f"{exc} ({exc.code}); retry after {retry_after} s"
+            DynamoErrorKind.RATE_LIMITED,
+            f"{exc} ({exc.code}); retry after {exc.retry_after_header_s} s",
         )
     if isinstance(exc, RequestShedError):
         return MappedError(DynamoErrorKind.UNAVAILABLE, f"{exc} ({exc.code})")

@@ -13,7 +13,13 @@ from orchestrator.core import OverloadedError, SchedulerConfig
 from orchestrator.core.errors import AdmissionError
 from orchestrator.core.predictor import ModelStepTimePredictor, StepFeatures
 from orchestrator.core.request import FinishReason, RequestStatus
-from orchestrator.core.sched.forecast import RETURN_GRACE_S, RETURN_RATE_WEIGHT, Bookings, Forecast
+from orchestrator.core.sched.forecast import (
+    RETURN_GRACE_S,
+    RETURN_PRIOR_MISSES,
+    RETURN_WINDOW,
+    Bookings,
+    Forecast,
+)
 from orchestrator.core.sched.ordering import SloOrdering
 from orchestrator.core.sched.slo import OutputLengths
 from orchestrator.core.sched.waiting import WaitingQueue
@@ -203,22 +209,36 @@ def test_requests_without_a_class_face_only_the_queue_limits() -> None:
     assert sched.num_waiting == 1
 
 
+def seen_returning(bookings: Bookings, clients: int) -> None:
+    """Teach ``bookings`` that ``clients`` refused clients came back (long ago)."""
+    for key in range(-clients, 0):
+        bookings.book(-100.0, 1, key)
+        assert bookings.settle(-100.0, key) == -100.0
+
+
 def test_reserved_returns_count_as_work_ahead() -> None:
     sched = slo_scheduler(chunk_size=64, admission={"reserve_retries": True})
+    seen_returning(sched.admission.bookings, RETURN_WINDOW)  # type: ignore[attr-defined]
     with pytest.raises(OverloadedError) as first:
         sched.add_request(make_request(192, slo_class="interactive", request_id="x"), now=0.0)
     assert first.value.retry_after_s == pytest.approx(0.3 - 0.25)
-    # x's 192 tokens are due back at 0.05 s, within the next request's 250 ms window:
-    # 64 tokens alone would take 0.1 s; behind x's return, 3 steps of x first -> 0.4 s.
+    # x is told to come back in whole seconds: its 192 tokens are due back at 1 s. A
+    # request at 0 s (its 250 ms window ends before then) does not wait for them ...
+    sched.add_request(make_request(64, slo_class="interactive", request_id="y0"), now=0.0)
+    sched.abort("y0", now=0.0)
+    # ... one at 0.9 s does: 64 tokens alone would take 0.1 s; behind x's return, 3
+    # steps of x first -> 0.4 s.
     with pytest.raises(OverloadedError) as second:
-        sched.add_request(make_request(64, slo_class="interactive", request_id="y"), now=0.0)
+        y = make_request(64, slo_class="interactive", request_id="y", arrival_time=0.9)
+        sched.add_request(y, now=0.9)
     # Its own excess (0.15 s) plus x's booked prefill (192 tokens: 3 steps, 0.3 s).
     assert second.value.retry_after_s == pytest.approx(0.15 + 0.3)
-    # Past its due time, x's reservation holds for RETURN_GRACE_S (a client rounds
-    # Retry-After up to whole seconds), then lapses, as every other does.
-    other = [5] * 64
+    # Past its due time, x's reservation holds for RETURN_GRACE_S (a client takes a
+    # moment to send again), then lapses, as every other does.
+    other = make_request(prompt=[5] * 64, slo_class="interactive", arrival_time=1.5)
+    assert 1.0 + RETURN_GRACE_S > 1.5
     with pytest.raises(OverloadedError):
-        sched.add_request(make_request(prompt=other, slo_class="interactive"), now=0.06)
+        sched.add_request(other, now=1.5)
     late = make_request(prompt=[6] * 64, slo_class="interactive", arrival_time=100.0)
     sched.add_request(late, now=100.0)
 
@@ -227,15 +247,24 @@ def test_bookings_learn_how_many_clients_come_back() -> None:
     bookings = Bookings()
     for i in range(10):
         bookings.book(float(i), 100, key=i)
-    assert bookings.expected_ahead(until=9.0) == [100] * 10  # trusted at first
+    # No client seen coming back yet: a booking holds no capacity on trust.
+    assert bookings.return_rate == 0.0
+    assert bookings.expected_ahead(until=9.0) == []
+    assert bookings.expected_tokens() == 0.0
     # Client 0 comes back; 1..5 never do (their bookings lapse by t = 5 + grace).
     assert bookings.settle(0.5, key=0) == 0.0
     bookings.settle(5.0 + RETURN_GRACE_S, key=-1)
     assert len(bookings) == 4
-    rate = (1 - RETURN_RATE_WEIGHT) ** 5
+    rate = 1 / (6 + RETURN_PRIOR_MISSES)
     assert bookings.return_rate == pytest.approx(rate)
     assert bookings.expected_ahead(until=9.0) == [100] * round(rate * 4)
     assert bookings.expected_tokens() == pytest.approx(rate * 400)
+    # Clients that do come back earn their places back within a few returns, and only
+    # the last RETURN_WINDOW settlements count.
+    seen_returning(bookings, RETURN_WINDOW)
+    full = RETURN_WINDOW / (RETURN_WINDOW + RETURN_PRIOR_MISSES)
+    assert bookings.return_rate == pytest.approx(full)
+    assert bookings.expected_ahead(until=9.0) == [100] * 4
 
 
 def test_a_returning_request_does_not_wait_behind_its_own_reservation() -> None:

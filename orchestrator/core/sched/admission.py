@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from orchestrator.core.config import SchedulerConfig
-from orchestrator.core.errors import AdmissionError, OverloadedError
+from orchestrator.core.errors import AdmissionError, OverloadedError, retry_after_header_s
 from orchestrator.core.request import Request
 from orchestrator.core.sched.forecast import Bookings, Forecast
 from orchestrator.core.sched.slo import TtftOutcomes, assign_class
@@ -213,7 +213,8 @@ class SloAdmission(QueueLimitAdmission):
         drain = predicted - budget_s + forecast.prefill_s(booked)
         retry_after = max(cfg.admission.min_retry_after_s, drain)
         if reserve:
-            self.bookings.book(now + retry_after, own, prompt_key)
+            # The client is told whole seconds: it comes back at the end of them.
+            self.bookings.book(now + retry_after_header_s(retry_after), own, prompt_key)
         self._follow(scheduler, request, now, forecast, ahead_requests)
         raise OverloadedError(
             self._refusal(request, predicted, correction, target_s),

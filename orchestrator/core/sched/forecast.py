@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from orchestrator.core.predictor import StepFeatures, mixed_step
@@ -60,11 +61,15 @@ from orchestrator.core.sched.view import SchedulerView
 
 # A replay longer than this many steps predicts far past any TTFT target anyway.
 _MAX_REPLAY_STEPS = 20_000
-# How long past its due time a refused request's booking is kept (s): Retry-After is in
-# whole seconds, rounded up, and a client takes a moment to send again.
-RETURN_GRACE_S = 2.0
-# Weight of each settled booking (came back, or lapsed) in the learned return rate.
-RETURN_RATE_WEIGHT = 0.1
+# How long past its due time (the whole second its Retry-After named) a refused
+# request's booking is kept (s): a client takes a moment to send again. Each second
+# more is a second in which a client that never returns holds capacity for itself.
+RETURN_GRACE_S = 1.0
+# The learned return rate is the share of the last RETURN_WINDOW settled bookings
+# (came back, or lapsed) that came back, counted against RETURN_PRIOR_MISSES more that
+# did not: it starts at 0 and follows the evidence within a few settlements.
+RETURN_WINDOW = 32
+RETURN_PRIOR_MISSES = 2
 
 
 class _Prompt:
@@ -373,26 +378,37 @@ class Forecast:
 
 
 class Bookings:
-    """Refused requests told to come back, each with its due time (s, engine clock),
-    prompt tokens and prompt key (a hash of its prompt tokens, how its return is
-    recognised).
+    """Refused requests told to come back, each with its due time (s, engine clock: the
+    refusal plus the whole seconds of its ``Retry-After``), prompt tokens and prompt key
+    (a hash of its prompt tokens, how its return is recognised).
 
     Not every client returns, so each booking counts as expected work with the learned
-    ``return_rate``: the share of recent bookings whose prompt came back before they
-    lapsed (``RETURN_GRACE_S`` past due), an exponential average starting at 1 (clients
-    are trusted to honour Retry-After until they are seen not to). A client that never
-    retries thus stops holding capacity others could use.
+    ``return_rate``: of the last ``RETURN_WINDOW`` settled bookings (a client came back,
+    or the booking lapsed ``RETURN_GRACE_S`` past due), the share that came back, with
+    ``RETURN_PRIOR_MISSES`` more counted as lapsed. It starts at 0: a booking holds
+    capacity only once clients are seen to come back, because until then the work it
+    stands for is a guess, and a guess that refuses requests costs goodput for certain
+    (on two CPU cores, bookings that began trusted at 1 kept a sustained overload
+    refusing for 3 s after the queue had room, since the first evidence, a lapse, comes
+    at least a second and the grace after the first refusal). A client that never
+    retries thus holds no capacity others could use, and clients that do retry earn
+    their places back within a few returns.
     """
 
     def __init__(self) -> None:
         self._due: list[tuple[float, int, int]] = []  # (due, tokens, key), by due
-        self.return_rate = 1.0
+        self._settled: deque[bool] = deque(maxlen=RETURN_WINDOW)  # came back?
 
     def __len__(self) -> int:
         return len(self._due)
 
+    @property
+    def return_rate(self) -> float:
+        """The expected share of bookings whose client comes back, in [0, 1)."""
+        return sum(self._settled) / (len(self._settled) + RETURN_PRIOR_MISSES)
+
     def _settle(self, returned: bool) -> None:
-        self.return_rate += RETURN_RATE_WEIGHT * (float(returned) - self.return_rate)
+        self._settled.append(returned)
 
     def settle(self, now: float, key: int) -> float | None:
         """Drop lapsed bookings and, when ``key`` is booked, that booking (its client is
