@@ -94,8 +94,9 @@ class AdmissionConfig(StrictModel):
     ``min_retry_after_s``. ``shed_after_deadline_s``: a waiting request that has produced
     no token ``shed_after_deadline_s`` seconds after its TTFT deadline is ended with an
     error instead of run (``None``, the default, keeps it). ``reserve_retries`` (``slo``
-    only): a rejected request's predicted return counts as work ahead of later arrivals
-    until its Retry-After has passed, so a client that honours it finds room.
+    only): a rejected request's predicted return counts as work ahead of later arrivals,
+    weighed by the share of refused clients seen to come back, until its Retry-After has
+    passed, so a client that honours it finds room.
     ``learn_from_regret``: a refusal found needless (the scheduler then had room for the
     request while it could still have met its target) lowers its class's correction as
     an admitted request's outcome would (docs/slo.md, "Regretted refusals"); off, such
