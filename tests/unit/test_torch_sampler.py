@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from orchestrator.core.request import SamplingParams
-from plugins.torch_executor.sampler import Sampler, SampleRow, filtered_probs, mix_seed
+from plugins.torch_executor.sampler import (
+    NUCLEUS_CANDIDATES,
+    Sampler,
+    SampleRow,
+    filtered_probs,
+    inverse_cdf_draw,
+    mix_seed,
+    nucleus,
+)
 
 
 def sampler(seed: int = 0) -> Sampler:
@@ -69,6 +77,46 @@ def test_temperature_sampling_follows_the_distribution() -> None:
     tokens = torch.tensor(sampler(seed=3).sample(logits, rows)[0])
     freq = torch.bincount(tokens, minlength=3).float() / 4000
     assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+def test_inverse_cdf_draw_never_picks_a_filtered_token() -> None:
+    """The extreme uniforms land on the first and last token of nonzero probability,
+    and a uniform on a boundary goes to the token after it."""
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4)
+    uniforms = torch.tensor([0.0, 0.5, 0.25, 1.0 - 2.0**-53], dtype=torch.float64)
+    assert inverse_cdf_draw(probs, uniforms).tolist() == [1, 3, 1, 3]
+    # A row whose float32 sum falls short of 1 still never reaches its zero tail.
+    short = torch.tensor([[0.3, 0.3, 0.0]])
+    assert inverse_cdf_draw(short, torch.tensor([1.0 - 2.0**-53], dtype=torch.float64)).tolist() == [1]
+
+
+def full_sort_nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-p by sorting the whole vocabulary: the rule ``nucleus`` implements."""
+    values, order = probs.sort(dim=-1, descending=True)
+    drop = (values.cumsum(dim=-1) - values) >= top_p[:, None]
+    drop[:, 0] = False
+    return torch.zeros_like(probs, dtype=torch.bool).scatter_(1, order, ~drop)
+
+
+@pytest.mark.parametrize("scale", [0.001, 0.3, 3.0, 30.0])
+def test_nucleus_from_the_likeliest_tokens_matches_a_full_sort(scale: float) -> None:
+    """Peaked rows find their nucleus among the first candidates; flat ones need more
+    than ``NUCLEUS_CANDIDATES`` tokens and widen the search."""
+    vocab = 8 * NUCLEUS_CANDIDATES + 5
+    probs = torch.softmax(random_logits(6, vocab=vocab, seed=4) * scale, dim=-1)
+    top_p = torch.tensor([0.05, 0.3, 0.5, 0.9, 0.99, 0.999999])
+    kept = nucleus(probs, top_p)
+    reference = full_sort_nucleus(probs, top_p)
+    for row in range(len(top_p)):
+        # The likeliest tokens, as many as the full sort keeps (one more or fewer where
+        # the mass lands on top_p within rounding: both sums run in float32).
+        assert abs(int(kept[row].sum()) - int(reference[row].sum())) <= 1
+        dropped = probs[row][~kept[row]]
+        assert dropped.numel() == 0 or probs[row][kept[row]].min() >= dropped.max()
+    if scale >= 3.0:
+        assert torch.equal(kept, reference)
+    if scale == 0.001:
+        assert int(kept[3].sum()) > NUCLEUS_CANDIDATES  # the widened search ran
 
 
 def test_seeded_rows_ignore_the_rest_of_the_batch() -> None:
