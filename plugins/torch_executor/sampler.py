@@ -64,7 +64,7 @@ def inverse_cdf_draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tenso
     The pick always has nonzero probability: its cumulative sum rises past the target,
     and the target stays below the row's total (clamped one step under it, for a ``u``
     whose product rounds up to the total)."""
-    cdf = probs.to(torch.float64).cumsum(dim=-1)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     total = cdf[:, -1:]
     below_total = torch.nextafter(total, torch.zeros_like(total))
     target = torch.minimum(uniforms.to(cdf.device)[:, None] * total, below_total)
@@ -91,11 +91,15 @@ class Sampler:
         """
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sample rows")
+        random_rows = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
+        if len(random_rows) == len(rows):  # no greedy row, no copy of the logits
+            probs = filtered_probs(logits, [r.params for r in rows])
+            tokens = inverse_cdf_draw(probs, self._uniforms(rows)).tolist()
+            return tokens, self._logprobs(logits, rows, tokens)
         # [rows]; greedy rows keep this. ``max`` gives the same first index of the
         # maximum as ``argmax`` and ran 2.5x faster here (0.8 against 2.0 ms at 64 rows
         # of SmolLM2's 49,152 logits).
         chosen = logits.max(dim=-1).indices
-        random_rows = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
         if random_rows:
             idx = torch.tensor(random_rows)
             drawn = [rows[i] for i in random_rows]
@@ -142,10 +146,13 @@ def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> to
     to probabilities with filtered-out tokens at exactly 0. Every row keeps at least its
     likeliest token and is finite for finite logits, whatever the parameters
     (temperatures are floored at ``MIN_TEMPERATURE``)."""
-    temps = torch.tensor([max(p.temperature, MIN_TEMPERATURE) for p in params], dtype=torch.float32)
-    scaled = logits / temps[:, None]
     vocab = logits.shape[-1]
     k_rows = [i for i, p in enumerate(params) if 0 < p.top_k < vocab]
+    p_rows = [i for i, p in enumerate(params) if p.top_p < 1]
+    if not k_rows and not p_rows and all(p.temperature == 1.0 for p in params):
+        return torch.softmax(logits, dim=-1)  # the API's default: no copy of the logits
+    temps = torch.tensor([max(p.temperature, MIN_TEMPERATURE) for p in params], dtype=torch.float32)
+    scaled = logits / temps[:, None]
     if k_rows:
         idx = torch.tensor(k_rows)
         k = torch.tensor([params[i].top_k for i in k_rows])
@@ -155,7 +162,6 @@ def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> to
         scaled[idx] = scaled[idx].masked_fill(scaled[idx] < kth, -torch.inf)
     # Rows with top_p == 1 drop nothing (a cumulative sum can round past 1.0 and would
     # otherwise cut their tail), so only the others are filtered.
-    p_rows = [i for i, p in enumerate(params) if p.top_p < 1]
     if p_rows:
         idx = torch.tensor(p_rows)
         top_p = torch.tensor([params[i].top_p for i in p_rows], dtype=torch.float32)
