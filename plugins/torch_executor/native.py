@@ -225,6 +225,22 @@ class Kernels:
         )
         return out
 
+    def sample_rows(
+        self, logits: torch.Tensor, inv_temps: torch.Tensor, uniforms: torch.Tensor
+    ) -> torch.Tensor:
+        """One token id per row (int64 ``[rows]``) drawn from ``softmax(logits[r] *
+        inv_temps[r])`` by ``uniforms[r]`` in [0, 1) (inverse CDF, ``sample_row`` in
+        ops.h). ``logits``: float32 ``[rows, vocab]``; ``inv_temps`` float32 and
+        ``uniforms`` float64, ``[rows]``."""
+        logits = logits.contiguous()
+        rows, vocab = logits.shape
+        out = torch.empty(rows, dtype=torch.int64)
+        self.lib.sample_rows_f32(
+            _ptr(logits), _ptr(inv_temps.contiguous()), _ptr(uniforms.contiguous()),
+            _ptr(out), rows, vocab, torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
     def rope_store(
         self,
         qkv: torch.Tensor,
@@ -307,6 +323,8 @@ def _bind(lib: ctypes.CDLL, variant: kernel_build.Variant) -> Kernels:
     ):
         fn = getattr(lib, export)
         fn.argtypes, fn.restype = _SIGNATURES[name], None
+    lib.sample_rows_f32.argtypes = [_P] * 4 + [_I] * 2 + [ctypes.c_int]
+    lib.sample_rows_f32.restype = None
     for name in ("decode_stack_f32", "decode_stack_f32_bf16kv"):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = _STACK_SIGNATURE, None

@@ -131,7 +131,7 @@ class ModelRunner:
         kv_dtype = kv_cache_dtype(weights.dtype, matmul_dtype)
         self.cache = PagedKVCache(weights.args, num_blocks, block_size, kv_dtype, self.device)
         self.rope = RotaryTable(weights.args, max_model_len, weights.dtype, self.device)
-        self.sampler = Sampler(rng)
+        self.sampler = Sampler(rng, self.kernels)
         self._build_layouts(tiles=self.kernels is not None and self.kernels.has_tile_linear)
         self.row_bound: RowBound | None = None
         if compact_max_rows is None:

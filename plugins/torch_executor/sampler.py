@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from orchestrator.core import SamplingParams, TokenLogprobs
+
+if TYPE_CHECKING:
+    from plugins.torch_executor.native import Kernels
 
 _MASK64 = (1 << 64) - 1
 # Temperatures below this sample greedily: logits divided by a smaller one can overflow
@@ -78,8 +82,9 @@ class Sampler:
     random but not reproducible; seeded rows never touch it.
     """
 
-    def __init__(self, rng: torch.Generator) -> None:
+    def __init__(self, rng: torch.Generator, kernels: Kernels | None = None) -> None:
         self.rng = rng
+        self.kernels = kernels
 
     def sample(
         self, logits: torch.Tensor, rows: Sequence[SampleRow]
@@ -93,8 +98,7 @@ class Sampler:
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} sample rows")
         random_rows = [i for i, r in enumerate(rows) if not is_greedy(r.params)]
         if len(random_rows) == len(rows):  # no greedy row, no copy of the logits
-            probs = filtered_probs(logits, [r.params for r in rows])
-            tokens = inverse_cdf_draw(probs, self._uniforms(rows)).tolist()
+            tokens = self._draw(logits, rows).tolist()
             return tokens, self._logprobs(logits, rows, tokens)
         # [rows]; greedy rows keep this. ``max`` gives the same first index of the
         # maximum as ``argmax`` and ran 2.5x faster here (0.8 against 2.0 ms at 64 rows
@@ -102,11 +106,31 @@ class Sampler:
         chosen = logits.max(dim=-1).indices
         if random_rows:
             idx = torch.tensor(random_rows)
-            drawn = [rows[i] for i in random_rows]
-            probs = filtered_probs(logits[idx], [r.params for r in drawn])
-            chosen[idx] = inverse_cdf_draw(probs, self._uniforms(drawn)).to(chosen.device)
+            chosen[idx] = self._draw(logits[idx], [rows[i] for i in random_rows]).to(chosen.device)
         tokens = chosen.tolist()
         return tokens, self._logprobs(logits, rows, tokens)
+
+    def _draw(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+        """A token id per row of ``logits`` ``[rows, vocab]``, every row sampling. Rows
+        with no top-k or top-p on the CPU kernels draw in one pass over their logits
+        (``Kernels.sample_rows``: 64 rows of 49,152 in about 1.5 ms on 2 threads of an
+        Intel Xeon with AMX, against about 7 through torch's softmax and cumulative sum);
+        the others through ``filtered_probs`` and ``inverse_cdf_draw``."""
+        uniforms = self._uniforms(rows)
+        vocab = logits.shape[-1]
+        if (
+            self.kernels is not None
+            and logits.device.type == "cpu"
+            and logits.dtype == torch.float32
+            and all(r.params.top_p >= 1 and not 0 < r.params.top_k < vocab for r in rows)
+        ):
+            inv_temps = torch.tensor(
+                [1.0 / max(r.params.temperature, MIN_TEMPERATURE) for r in rows],
+                dtype=torch.float32,
+            )
+            return self.kernels.sample_rows(logits, inv_temps, uniforms)
+        probs = filtered_probs(logits, [r.params for r in rows])
+        return inverse_cdf_draw(probs, uniforms)
 
     def _uniforms(self, rows: Sequence[SampleRow]) -> torch.Tensor:
         """One float64 draw in [0, 1) per row: from ``(seed, position)`` for a seeded

@@ -15,6 +15,8 @@ from plugins.torch_executor.kernel_build import VARIANT_NAMES
 from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.model import rms_norm, silu_mul
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
+from orchestrator.core import SamplingParams
+from plugins.torch_executor.sampler import Sampler, SampleRow, inverse_cdf_draw
 from tests.unit.test_torch_paged import variant_kernels
 
 
@@ -45,6 +47,40 @@ def test_rms_norm_and_silu_mul_match_torch(kernels: Kernels, dtype: torch.dtype,
     torch.testing.assert_close(
         got, expected, atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 2**-6
     )
+
+
+@pytest.mark.parametrize("vocab", [1024, 1031, 5])  # whole vectors, a tail, a tail alone
+def test_sample_rows_draws_as_the_torch_path_does(kernels: Kernels, vocab: int) -> None:
+    """The same uniforms pick the same tokens as softmax and a float64 cumulative sum;
+    masked tokens never, the extreme uniforms the first and last unmasked ones."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(64, vocab, generator=gen) * 3
+    logits[:, 1::3] = -torch.inf
+    logits[5] = -torch.inf
+    logits[5, 2] = 0.0  # a row with one token left
+    inv_temps = 1.0 / torch.rand(64, generator=gen).clamp(min=0.05)
+    uniforms = torch.rand(64, dtype=torch.float64, generator=gen)
+    uniforms[0], uniforms[1] = 0.0, 1.0 - 2.0**-53
+    got = kernels.sample_rows(logits, inv_temps, uniforms)
+    expected = inverse_cdf_draw(torch.softmax(logits * inv_temps[:, None], dim=-1), uniforms)
+    assert torch.equal(got, expected)
+    assert bool((logits.gather(1, got[:, None]) > -torch.inf).all())
+    unmasked = (logits[0] > -torch.inf).nonzero().flatten()
+    assert got[0] == unmasked[0] and got[1] == (logits[1] > -torch.inf).nonzero().max()
+    assert got[5] == 2
+
+
+@pytest.mark.parametrize("mix", ["temperature only", "with greedy and top-p rows"])
+def test_sampler_on_the_kernels_picks_what_it_picks_without(kernels: Kernels, mix: str) -> None:
+    logits = torch.randn(12, 300, generator=torch.Generator().manual_seed(2)) * 2
+    params = [SamplingParams(temperature=0.5 + i / 8, seed=i) for i in range(12)]
+    if mix != "temperature only":
+        params[3] = SamplingParams(temperature=0)
+        params[7] = SamplingParams(temperature=1.0, top_p=0.5, seed=7)
+    rows = [SampleRow(p, 40 + i) for i, p in enumerate(params)]
+    with_kernels = Sampler(torch.Generator().manual_seed(0), kernels).sample(logits, rows)[0]
+    without = Sampler(torch.Generator().manual_seed(0)).sample(logits, rows)[0]
+    assert with_kernels == without
 
 
 def quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

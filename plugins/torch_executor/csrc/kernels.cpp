@@ -124,3 +124,13 @@ extern "C" void paged_attention_f32_bf16kv(const float* q, const bf16* k, const 
     paged_attention<float, bf16>(q, k, v, tables, seqs, lens, out, n, heads, kv_heads, hd,
                                  num_blocks, bs, max_blocks, max_len, scale, threads);
 }
+
+// Sampling by temperature alone (sample_row, ops.h): out[r] drawn from softmax(logits[r] *
+// inv_temps[r]) by uniforms[r] in [0, 1); logits [rows, vocab] float32.
+extern "C" void sample_rows_f32(const float* logits, const float* inv_temps,
+                                const double* uniforms, int64_t* out, int64_t rows,
+                                int64_t vocab, int threads) {
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 4)
+    for (int64_t r = 0; r < rows; ++r)
+        out[r] = sample_row(logits + r * vocab, vocab, inv_temps[r], uniforms[r]);
+}

@@ -579,3 +579,47 @@ static void linear_bf16w_rows(const bf16* w, const float* x, const float* residu
         }
     });
 }
+
+// One token drawn from softmax(x * inv_temp) over a row of ``vocab`` float32 logits by
+// ``u`` in [0, 1): the first token whose running sum of exps passes u times their total.
+// Exps are summed in blocks of W (horizontal sum in float, accumulated in double), the
+// same way for the total and for the walk, so the walk reaches the target inside a
+// block, where it adds that block's exps one by one. A token of weight 0 (a masked -inf,
+// or an exp below float's range) is never picked; where rounding leaves the target
+// uncrossed (u within about 1e-7 of 1), the row takes its last token of nonzero weight,
+// as the torch path's target clamped under the total does.
+static inline int64_t sample_row(const float* x, int64_t vocab, float inv_temp, double u) {
+    vf m = vset1(-INFINITY);
+    int64_t i = 0;
+    for (; i + W <= vocab; i += W) m = vmax(m, vload(x + i));
+    float mx = i > 0 ? vhmax(m) : -INFINITY;
+    for (int64_t j = i; j < vocab; ++j) mx = std::max(mx, x[j]);
+    const vf vmx = vset1(mx), vt = vset1(inv_temp);
+    double total = 0.0;
+    for (i = 0; i + W <= vocab; i += W) total += (double)vsum(vexp((vload(x + i) - vmx) * vt));
+    for (int64_t j = i; j < vocab; ++j) total += (double)fast_exp((x[j] - mx) * inv_temp);
+    const double target = u * total;
+    double run = 0.0;
+    for (i = 0; i + W <= vocab; i += W) {
+        const vf e = vexp((vload(x + i) - vmx) * vt);
+        const double s = (double)vsum(e);
+        if (run + s <= target) {
+            run += s;
+            continue;
+        }
+        float lanes[W];
+        vstore(lanes, e);
+        for (int j = 0; j < W; ++j) {
+            run += (double)lanes[j];
+            if (lanes[j] > 0.0f && run > target) return i + j;
+        }
+    }
+    for (int64_t j = i; j < vocab; ++j) {
+        const float e = fast_exp((x[j] - mx) * inv_temp);
+        run += (double)e;
+        if (e > 0.0f && run > target) return j;
+    }
+    for (int64_t j = vocab - 1; j > 0; --j)
+        if (fast_exp((x[j] - mx) * inv_temp) > 0.0f) return j;
+    return 0;
+}
