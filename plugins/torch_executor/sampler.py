@@ -8,7 +8,8 @@ else shares the step, and stays the same after a preemption recomputes the reque
 A sampled row is drawn by inverting its cumulative distribution (one uniform per row,
 the cumulative sum in float64), not by a race of one noise draw per vocabulary entry:
 at 64 rows of SmolLM2's 49,152 logits on 2 threads the noise alone took 53 ms, a
-decode step's worth, and the cumulative sum takes about 3.
+decode step's worth; the cumulative sum takes about 3 ms, and the CPU kernels' one pass
+per row (rows without top-k or top-p) about 1.4 for all 64.
 """
 
 from __future__ import annotations

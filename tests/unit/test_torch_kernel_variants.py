@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from orchestrator.core import SamplingParams
 from plugins.torch_executor.compact import INT8_GROUP, WeightFormat, applies, compact
 from plugins.torch_executor.kernel_build import VARIANT_NAMES
 from plugins.torch_executor.linear import Linear
 from plugins.torch_executor.model import rms_norm, silu_mul
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
-from orchestrator.core import SamplingParams
 from plugins.torch_executor.sampler import Sampler, SampleRow, inverse_cdf_draw
 from tests.unit.test_torch_paged import variant_kernels
 

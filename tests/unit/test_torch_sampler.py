@@ -87,7 +87,9 @@ def test_inverse_cdf_draw_never_picks_a_filtered_token() -> None:
     assert inverse_cdf_draw(probs, uniforms).tolist() == [1, 3, 1, 3]
     # A row whose float32 sum falls short of 1 still never reaches its zero tail.
     short = torch.tensor([[0.3, 0.3, 0.0]])
-    assert inverse_cdf_draw(short, torch.tensor([1.0 - 2.0**-53], dtype=torch.float64)).tolist() == [1]
+    assert inverse_cdf_draw(
+        short, torch.tensor([1.0 - 2.0**-53], dtype=torch.float64)
+    ).tolist() == [1]
 
 
 def full_sort_nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
