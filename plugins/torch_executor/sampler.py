@@ -136,14 +136,12 @@ class Sampler:
     def _uniforms(self, rows: Sequence[SampleRow]) -> torch.Tensor:
         """One float64 draw in [0, 1) per row: from ``(seed, position)`` for a seeded
         row, from the executor's generator for the others (one call for all of them)."""
-        unseeded = [i for i, r in enumerate(rows) if r.params.seed is None]
-        fresh = torch.rand(len(unseeded), dtype=torch.float64, generator=self.rng).tolist()
-        values = [0.0] * len(rows)
-        for i, u in zip(unseeded, fresh, strict=True):
-            values[i] = u
-        for i, r in enumerate(rows):
-            if r.params.seed is not None:
-                values[i] = seeded_uniform(r.params.seed, r.position)
+        num_unseeded = sum(r.params.seed is None for r in rows)
+        fresh = iter(torch.rand(num_unseeded, dtype=torch.float64, generator=self.rng).tolist())
+        values = [
+            next(fresh) if r.params.seed is None else seeded_uniform(r.params.seed, r.position)
+            for r in rows
+        ]
         return torch.tensor(values, dtype=torch.float64)
 
     @staticmethod
