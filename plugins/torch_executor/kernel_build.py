@@ -48,7 +48,7 @@ from plugins.torch_executor.cpu_features import CpuFeatures
 # Bump to force a rebuild when the calling convention changes without a source change.
 ABI_VERSION = 2
 SOURCE_DIR = Path(__file__).parent / "csrc"
-HEADERS = ("vec.h", "ops.h", "stack.h")
+HEADERS = ("vec.h", "ops.h", "stack.h", "tile_attention.h")
 COMMON_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 ISA_ENV = "ORCHESTRATOR_CPU_ISA"
 PREBUILT_ENV = "ORCHESTRATOR_KERNELS_DIR"

@@ -65,18 +65,25 @@ _COMPACT_SIGNATURES: dict[str, list[type]] = {
 }
 # Every layer of a step in one call (stack.h, stack.py): layer addresses, num_layers, h,
 # n, hidden, heads, kv_heads, head_dim, inter, eps, positions, cos, sin, slots, tables,
-# seqs, lens, num_blocks, block_size, max_blocks, max_len, scale, threads.
+# seqs, lens, row_ids, num_kernel_rows, runs, num_runs, num_blocks, block_size,
+# max_blocks, max_len, scale, threads.
 _STACK_SIGNATURE: list[type] = (
     [_P, _I, _P]
     + [_I] * 6
     + [ctypes.c_float]
-    + [_P] * 7
+    + [_P] * 8
+    + [_I, _P, _I]
     + [_I] * 4
     + [ctypes.c_float, ctypes.c_int]
 )
 # bfloat16 only, and only in the amx variant, where the process may use AMX (as its
 # decode stack, ``decode_stack_bf16_tiles``).
 _TILE_LINEAR_SIGNATURE: list[type] = [_P] * 4 + [_I] * 3 + [ctypes.c_int]
+# q, k, v, tables, runs, num_runs, out, heads, kv_heads, head_dim, num_blocks, max_blocks,
+# scale, threads (tile_attention_bf16).
+_TILE_ATTENTION_SIGNATURE: list[type] = (
+    [_P] * 5 + [_I, _P] + [_I] * 5 + [ctypes.c_float, ctypes.c_int]
+)
 
 
 def supports(dtype: torch.dtype) -> bool:
@@ -300,6 +307,37 @@ class Kernels:
         )  # fmt: skip
         return out
 
+    def has_tile_attention(self, head_dim: int, group: int, block_size: int) -> bool:
+        """Whether ``tile_attention`` runs here for this shape (``group``: query heads
+        per KV head): AMX tiles this process may use, and a shape the kernel takes."""
+        return self.has_tile_linear and bool(
+            self.lib.tile_attention_supports(head_dim, group, block_size)
+        )
+
+    def tile_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        tables: torch.Tensor,
+        runs: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+    ) -> None:
+        """Causal attention of prompt chunks on AMX tiles (``csrc/tile_attention.h``),
+        written into their rows of ``out`` (the other rows untouched). ``q``, ``out``:
+        bfloat16 ``[n, heads, head_dim]``; bfloat16 caches as in ``rope_store``, holding
+        each chunk's own K and V already; ``runs``: ``[r, 4]`` (first row, rows, row of
+        ``tables``, position of the first row), disjoint. Needs ``has_tile_attention``."""
+        q = q.contiguous()
+        _, heads, hd = q.shape
+        kv_heads, num_blocks, _, _ = k_cache.shape
+        self.lib.tile_attention_bf16(
+            _ptr(q), _ptr(k_cache), _ptr(v_cache), _ptr(tables), _ptr(runs), runs.shape[0],
+            _ptr(out), heads, kv_heads, hd, num_blocks, tables.shape[1], scale,
+            torch.get_num_threads(),
+        )  # fmt: skip
+
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -334,6 +372,10 @@ def _bind(lib: ctypes.CDLL, variant: kernel_build.Variant) -> Kernels:
         lib.decode_stack_bf16_tiles.argtypes = _STACK_SIGNATURE
         lib.decode_stack_bf16_tiles.restype = None
         lib.tile_linear_available.argtypes, lib.tile_linear_available.restype = [], ctypes.c_int
+        lib.tile_attention_bf16.argtypes = _TILE_ATTENTION_SIGNATURE
+        lib.tile_attention_bf16.restype = None
+        lib.tile_attention_supports.argtypes = [_I] * 3
+        lib.tile_attention_supports.restype = ctypes.c_int
         tiles = bool(lib.tile_linear_available())
     return Kernels(lib, variant=variant.name, has_tile_linear=tiles)
 

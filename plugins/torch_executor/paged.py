@@ -126,12 +126,15 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class KernelRows:
-    """Rows attended one by one over the cache in place.
+    """Rows attended over the cache in place: one by one (the paged kernel), and prompt
+    chunks 16 rows at a time on AMX tiles (``runs``).
 
-    ``rows``: ``[k]`` their flat-batch rows, or ``None`` when they are all the batch's
-    rows in order; ``tables``: ``[sequences, max_blocks]`` block ids (padded with the
-    scratch block); ``seqs``: ``[k]`` each row's row of ``tables``; ``lens``: ``[k]`` keys
-    each row sees (its position + 1); ``max_len``: the largest of ``lens``.
+    ``rows``: ``[k]`` the one-by-one rows' flat-batch rows, or ``None`` when they are all
+    the batch's rows in order; ``tables``: ``[sequences, max_blocks]`` block ids (padded
+    with the scratch block); ``seqs``: ``[k]`` each row's row of ``tables``; ``lens``:
+    ``[k]`` keys each row sees (its position + 1); ``max_len``: the most keys any row
+    sees; ``runs``: ``[r, 4]`` (first row, rows, row of ``tables``, position of the first
+    row) of the chunks on tiles, or ``None``: then every row is one of ``rows``.
     """
 
     rows: torch.Tensor | None
@@ -139,6 +142,7 @@ class KernelRows:
     seqs: torch.Tensor
     lens: torch.Tensor
     max_len: int
+    runs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,32 +180,43 @@ def build_step(
     scratch_block: int,
     kernel_max_rows: int,
     device: torch.device | str = "cpu",
+    tile_chunks: bool = False,
 ) -> StepBatch:
     """Lay out one step. Requests with at most ``kernel_max_rows`` rows attend through
     the paged kernel (``kernel_max_rows = 0``: none; 1: decodes only); the others are
-    SDPA chunks, but for a prompt's last block (``SequenceSlice.first_kernel_row``)."""
+    chunks, but for a prompt's last block (``SequenceSlice.first_kernel_row``): SDPA
+    chunks, or with ``tile_chunks`` runs on AMX tiles (``KernelRows.runs``)."""
     positions = [p for s in slices for p in range(s.start_position, s.context_len)]
     n = len(positions)
     splits = [s.first_kernel_row(block_size, kernel_max_rows) for s in slices]
     kernel_rows = None
-    through_kernel = [(s, k) for s, k in zip(slices, splits, strict=True) if k < s.num_rows]
-    if through_kernel:
-        width = max(s.num_blocks(block_size) for s, _ in through_kernel)
+    pairs = list(zip(slices, splits, strict=True))
+    # The sequences the kernels attend over: on tiles, every one; else those with rows
+    # for the paged kernel.
+    attending = pairs if tile_chunks else [(s, k) for s, k in pairs if k < s.num_rows]
+    if attending:
+        width = max(s.num_blocks(block_size) for s, _ in attending)
         tables = [
             list(s.block_table[: s.num_blocks(block_size)])
             + [scratch_block] * (width - s.num_blocks(block_size))
-            for s, _ in through_kernel
+            for s, _ in attending
         ]
-        rows = [s.first_row + i for s, k in through_kernel for i in range(k, s.num_rows)]
-        seqs = [j for j, (s, k) in enumerate(through_kernel) for _ in range(k, s.num_rows)]
-        lens = [s.start_position + i + 1 for s, k in through_kernel for i in range(k, s.num_rows)]
+        rows = [s.first_row + i for s, k in attending for i in range(k, s.num_rows)]
+        seqs = [j for j, (s, k) in enumerate(attending) for _ in range(k, s.num_rows)]
+        lens = [s.start_position + i + 1 for s, k in attending for i in range(k, s.num_rows)]
+        runs = [
+            [s.first_row, k, j, s.start_position]
+            for j, (s, k) in enumerate(attending)
+            if tile_chunks and k > 0
+        ]
         all_rows = len(rows) == n  # slices are in row order, so these are 0 .. n - 1
         kernel_rows = KernelRows(
-            rows=None if all_rows else torch.tensor(rows, device=device),
+            rows=None if all_rows else torch.tensor(rows, dtype=torch.int64, device=device),
             tables=torch.tensor(tables, dtype=torch.int64, device=device),
             seqs=torch.tensor(seqs, dtype=torch.int64, device=device),
             lens=torch.tensor(lens, dtype=torch.int64, device=device),
-            max_len=max(lens),
+            max_len=max(s.context_len for s, _ in attending),
+            runs=torch.tensor(runs, dtype=torch.int64, device=device) if runs else None,
         )
     chunks = [
         Chunk(
@@ -214,8 +229,8 @@ def build_step(
                 device=device,
             ),
         )
-        for s, k in zip(slices, splits, strict=True)
-        if k > 0
+        for s, k in pairs
+        if k > 0 and not tile_chunks
     ]
     pos = torch.tensor(positions, dtype=torch.int64, device=device)
     return StepBatch(
@@ -298,7 +313,10 @@ class PagedAttention:
         if kr is not None and kr.rows is None:  # every row (decodes, short chunks)
             return self._row_attention(q, k_cache, v_cache, kr)
         out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
-        if kr is not None:
+        if kr is not None and kr.runs is not None:
+            assert self.kernels is not None
+            self.kernels.tile_attention(q, k_cache, v_cache, kr.tables, kr.runs, out, self.scale)
+        if kr is not None and kr.lens.numel() > 0:
             assert kr.rows is not None
             out.index_copy_(0, kr.rows, self._row_attention(q[kr.rows], k_cache, v_cache, kr))
         nq_nkv = (a.num_heads + a.num_kv_heads) * a.head_dim

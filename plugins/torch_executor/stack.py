@@ -16,7 +16,8 @@ op-by-op path would run every layer through the kernels:
   steps few enough rows for the compact projections (the bound the runner measured,
   ``row_bound.py``; longer ones take oneDNN's matmuls, one op at a time);
 - the bfloat16 model with every layer projection on AMX tiles (``tile_linear``), which
-  run any number of rows: every such step.
+  run any number of rows: every such step, prompt chunks attending on tiles too
+  (``KernelRows.runs``).
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ class DecodeStack:
         cache: PagedKVCache,
         projection: Callable[[Linear], tuple[torch.Tensor, torch.Tensor | None]],
         max_rows: int | None,
+        takes_runs: bool = False,
     ) -> None:
         """``run``: the kernels' export; ``projection(linear)``: the weight it reads and
         its scales (``None`` but for int8); ``max_rows``: the most rows a step may have
-        (``None``: no bound)."""
+        (``None``: no bound); ``takes_runs``: whether it attends chunks on tiles."""
         self.max_rows = max_rows
+        self.takes_runs = takes_runs
         self._run = run
         self._weights = weights
         self._cache = cache
@@ -88,6 +91,7 @@ class DecodeStack:
                 cache,
                 lambda linear: (linear.tile_weight(), None),
                 max_rows=None,
+                takes_runs=True,
             )
         if weights.dtype != torch.float32:
             return None
@@ -110,7 +114,7 @@ class DecodeStack:
         kr = step.kernel_rows
         return (
             kr is not None
-            and kr.rows is None
+            and (kr.rows is None or (kr.runs is not None and self.takes_runs))
             and not step.chunks
             and step.num_tokens > 0
             and (self.max_rows is None or step.num_tokens <= self.max_rows)
@@ -124,14 +128,17 @@ class DecodeStack:
         into the cache; ``cos``/``sin``: the rotary table ``[max_len, head_dim]``.
         ``step`` must satisfy ``runs``."""
         kr = step.kernel_rows
-        assert kr is not None and kr.rows is None and h.is_contiguous()
+        assert kr is not None and h.is_contiguous()
         a = self._weights.args
         kv_heads, num_blocks, hd, bs = self._cache.k[0].shape
         self._run(
             self._addresses.data_ptr(), a.num_layers, h.data_ptr(), h.shape[0], a.hidden_size,
             a.num_heads, kv_heads, hd, a.intermediate_size, a.rms_norm_eps,
             step.positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), step.slots.data_ptr(),
-            kr.tables.data_ptr(), kr.seqs.data_ptr(), kr.lens.data_ptr(), num_blocks, bs,
+            kr.tables.data_ptr(), kr.seqs.data_ptr(), kr.lens.data_ptr(),
+            0 if kr.rows is None else kr.rows.data_ptr(), kr.lens.numel(),
+            0 if kr.runs is None else kr.runs.data_ptr(),
+            0 if kr.runs is None else kr.runs.shape[0], num_blocks, bs,
             kr.tables.shape[1], kr.max_len, a.head_dim**-0.5, torch.get_num_threads(),
         )  # fmt: skip
         return h

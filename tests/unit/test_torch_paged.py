@@ -365,3 +365,64 @@ def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
             assert torch.equal(out, outs[0])
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (8, 1, 128)])
+def test_prompt_chunks_on_tiles_attend_as_dense_attention_row_by_row(
+    kernels: Kernels, heads: int, kv_heads: int, head_dim: int
+) -> None:
+    """Runs on AMX tiles (``Kernels.tile_attention``) over scattered blocks: prompts from
+    position 0 and chunks mid-sequence, lengths off the 16-row tiles and the 64-key
+    chunks, on 1 and 2 threads. Every row is float32 dense attention over the cache
+    within the bfloat16 rounding of its probabilities, and equal bit for bit whatever
+    rows share its tile (the same rows in a run that starts 5 rows earlier), so a row's
+    result depends on its own query and keys only."""
+    group = heads // kv_heads
+    if not kernels.has_tile_attention(head_dim, group, 16):
+        pytest.skip(f"the {kernels.variant} kernels have no tile attention this process may use")
+    args = dataclasses.replace(ARGS, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim)
+    torch.manual_seed(5)
+    rng = random.Random(5)
+    num_blocks = 128
+    cache = PagedKVCache(args, num_blocks, 16, torch.bfloat16)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    # (start position, rows): a prompt from 0, a chunk mid-sequence, one of 17 rows.
+    shapes = [(0, 300), (200, 77), (48, 17)]
+    tables = [[free.pop() for _ in range(-(-(a + n) // 16))] for a, n in shapes]
+    ctx = [a + n for a, n in shapes]
+    q = [torch.randn(n, heads, head_dim).bfloat16() for _, n in shapes]
+    keys = [torch.randn(c, kv_heads, head_dim).bfloat16() for c in ctx]
+    values = [torch.randn(c, kv_heads, head_dim).bfloat16() for c in ctx]
+    for table, k, v in zip(tables, keys, values, strict=True):  # the caches as stored
+        for pos in range(k.shape[0]):
+            block, offset = table[pos // 16], pos % 16
+            cache.k[0][:, block, :, offset] = k[pos]
+            cache.v[0][:, block, offset] = v[pos]
+    width = max(len(t) for t in tables)
+    table_tensor = torch.tensor([t + [num_blocks] * (width - len(t)) for t in tables])
+    rows = torch.cat(q)
+    firsts = [sum(n for _, n in shapes[:i]) for i in range(len(shapes))]
+
+    def attend(skip: int, threads: int) -> torch.Tensor:
+        """Every run but for its first ``skip`` rows, on ``threads`` threads."""
+        spans = enumerate(zip(firsts, shapes, strict=True))
+        runs = torch.tensor([[f + skip, n - skip, i, a + skip] for i, (f, (a, n)) in spans])
+        out = torch.zeros_like(rows)
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            kernels.tile_attention(
+                rows, cache.k[0], cache.v[0], table_tensor, runs, out, head_dim**-0.5
+            )
+        finally:
+            torch.set_num_threads(previous)
+        return out
+
+    whole, later = attend(0, 2), attend(5, 1)
+    for i, ((a, n), f) in enumerate(zip(shapes, firsts, strict=True)):
+        expected = dense_reference(q[i].float(), keys[i].float(), values[i].float(), a)
+        got = whole[f : f + n].float()
+        assert torch.allclose(got, expected, atol=2e-2, rtol=2e-2), (a, n)
+        assert torch.equal(later[f + 5 : f + n], whole[f + 5 : f + n])
+        assert not later[f : f + 5].any()  # rows outside the runs are left as they were

@@ -58,13 +58,16 @@ class Counted:
     """A ``DecodeStack`` that counts the steps it ran."""
 
     def __init__(self, stack: DecodeStack) -> None:
-        self.stack, self.calls = stack, 0
+        self.stack, self.calls, self.with_runs = stack, 0, 0
 
     def runs(self, step: StepBatch) -> bool:
         return self.stack.runs(step)
 
     def __call__(self, *args: torch.Tensor | StepBatch) -> torch.Tensor:
         self.calls += 1
+        step = args[1]
+        assert isinstance(step, StepBatch) and step.kernel_rows is not None
+        self.with_runs += step.kernel_rows.runs is not None
         return self.stack(*args)  # type: ignore[arg-type]
 
 
@@ -160,7 +163,10 @@ def test_the_tile_stack_gives_the_op_by_op_logits_bit_for_bit(
     kernels: Kernels, folder: Path, threads: int, routing: tuple[int, int, int]
 ) -> None:
     """The bfloat16 model on AMX tiles: every step whose rows all attend through the
-    kernel runs stacked, whatever its length (17 and 39 rows pad to whole tiles)."""
+    kernels runs stacked, whatever its length (17 and 39 rows pad to whole tiles). With
+    head_dim 64, every step: the 39-row chunk of the fixed routing attends on tiles
+    (``KernelRows.runs``) but for its last block, and so do the 17 rows from 18; with
+    head_dim 16, which the tile attention does not take, those two are SDPA chunks."""
     if not kernels.has_tile_linear:
         pytest.skip(f"the {kernels.variant} kernels have no AMX tiles this process may use")
     _, kernel_rows, num_stacked = routing
@@ -168,11 +174,14 @@ def test_the_tile_stack_gives_the_op_by_op_logits_bit_for_bit(
     stacked = runner(bf16, kernels, WeightFormat.DENSE, kernel_rows=kernel_rows)
     op_by_op = runner(bf16, kernels, WeightFormat.DENSE, kernel_rows=kernel_rows)
     assert stacked.stack is not None and stacked.stack.max_rows is None
+    tiles = bf16.args.head_dim == 64
+    assert stacked.tile_chunks == op_by_op.tile_chunks == tiles
     counted = Counted(stacked.stack)
     stacked.stack = counted  # type: ignore[assignment]
     op_by_op.stack = None
     assert_same_logits_every_step(stacked, op_by_op, threads, seed=2)
-    assert counted.calls == num_stacked
+    assert counted.calls == (len(STEPS) if tiles else num_stacked)
+    assert counted.with_runs == (2 if tiles and kernel_rows == KERNEL_MAX_ROWS else 0)
 
 
 def test_the_stack_needs_compact_float32_weights_or_amx_tiles(

@@ -373,7 +373,8 @@ static inline int64_t attention_parts_size(int64_t n, int64_t heads, int64_t hd,
 }
 
 // Row r attends over positions 0 .. lens[r] - 1 of sequence seqs[r], whose blocks are
-// tables[seqs[r] * max_blocks ..]. q, out: [n, heads, hd]; k: [kv_heads, num_blocks, hd,
+// tables[seqs[r] * max_blocks ..]; it is row row_ids[r] of q and out (row r where row_ids
+// is null). q, out: [rows, heads, hd]; k: [kv_heads, num_blocks, hd,
 // bs]; v: [kv_heads, num_blocks, bs, hd], in the cache's type C. scratch: this thread's
 // attention_scratch floats; parts: attention_parts_size floats shared by the region
 // (unused when splits is 1).
@@ -383,7 +384,7 @@ static void paged_attention_rows(const T* q, const C* k, const C* v, const int64
                                  int64_t heads, int64_t kv_heads, int64_t hd,
                                  int64_t num_blocks, int64_t bs, int64_t max_blocks,
                                  int64_t max_len, float scale, int64_t splits, float* scratch,
-                                 float* parts) {
+                                 float* parts, const int64_t* row_ids = nullptr) {
     const int64_t group = heads / kv_heads;
     const int64_t head_stride = num_blocks * bs * hd;
     const PartFn<T, C> part = part_kernel<T, C>(bs, hd, group);
@@ -392,7 +393,7 @@ static void paged_attention_rows(const T* q, const C* k, const C* v, const int64
         #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int64_t r = 0; r < n; ++r) {
             for (int64_t kh = 0; kh < kv_heads; ++kh) {
-                const int64_t off = (r * heads + kh * group) * hd;
+                const int64_t off = ((row_ids ? row_ids[r] : r) * heads + kh * group) * hd;
                 attend_row(q + off, k + kh * head_stride, v + kh * head_stride,
                            tables + seqs[r] * max_blocks, lens[r], scale, group, hd, bs,
                            scratch, max_len, out + off);
@@ -404,7 +405,7 @@ static void paged_attention_rows(const T* q, const C* k, const C* v, const int64
         #pragma omp for collapse(2) schedule(dynamic, 4)
         for (int64_t r = 0; r < n; ++r) {
             for (int64_t kh = 0; kh < kv_heads; ++kh) {
-                const int64_t off = (r * heads + kh * group) * hd;
+                const int64_t off = ((row_ids ? row_ids[r] : r) * heads + kh * group) * hd;
                 float* acc = scratch;  // [group, hd], then m and l [group]
                 part(q + off, k + kh * head_stride, v + kh * head_stride,
                      tables + seqs[r] * max_blocks, 0, lens[r], scale, acc, acc + group * hd,
@@ -426,7 +427,7 @@ static void paged_attention_rows(const T* q, const C* k, const C* v, const int64
                 const int64_t begin = std::min(lens[r], s * PART_BLOCKS * bs);
                 const int64_t end = std::min(lens[r], (s + 1) * PART_BLOCKS * bs);
                 const int64_t item = (r * kv_heads + kh) * splits + s;
-                const int64_t off = (r * heads + kh * group) * hd;
+                const int64_t off = ((row_ids ? row_ids[r] : r) * heads + kh * group) * hd;
                 part(q + off, k + kh * head_stride, v + kh * head_stride,
                      tables + seqs[r] * max_blocks, begin, end, scale, acc + item * group * hd,
                      m + item * group, l + item * group);
@@ -438,7 +439,7 @@ static void paged_attention_rows(const T* q, const C* k, const C* v, const int64
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
             const int64_t item = (r * kv_heads + kh) * splits;
             merge_parts(acc + item * group * hd, m + item * group, l + item * group, splits,
-                        group, hd, out + (r * heads + kh * group) * hd);
+                        group, hd, out + ((row_ids ? row_ids[r] : r) * heads + kh * group) * hd);
         }
     }
 }

@@ -19,7 +19,8 @@ static void decode_stack_compact(STACK_ARGS(float)) {
             linear_bf16w_rows(static_cast<const bf16*>(w), x, residual, out, n, n_out, k);
         }
     };
-    decode_layers<float, C>(STACK_ARG_NAMES, n, project);
+    auto no_runs = [](const float*, const C*, const C*, float*) {};  // the float32 stacks have none
+    decode_layers<float, C>(STACK_ARG_NAMES, n, project, no_runs);
 }
 
 extern "C" void decode_stack_f32(STACK_ARGS(float)) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "stack.h"
+#include "tile_attention.h"
 
 #if !(defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__))
 #error "tile_linear.cpp is built only with AMX-TILE, AMX-BF16 and AVX-512 enabled"
@@ -169,6 +170,32 @@ extern "C" void decode_stack_bf16_tiles(STACK_ARGS(bf16)) {
                          k);
         #pragma omp barrier
     };
+    auto attend_runs = [&](const bf16* q, const bf16* k, const bf16* v, bf16* out) {
+        tile_attention_runs(q, k, v, tables, runs, num_runs, out, heads, kv_heads, hd,
+                            num_blocks, max_blocks, scale);
+    };
     // One configuration per thread for the whole step, kept and put back as tile_linear.
-    decode_layers<bf16, bf16, ProjectionTiles>(STACK_ARG_NAMES, padded_rows, project);
+    decode_layers<bf16, bf16, ProjectionTiles>(STACK_ARG_NAMES, padded_rows, project,
+                                               attend_runs);
+}
+
+// 1 when tile_attention_bf16 (and the tile stack's runs) take this shape, else 0.
+extern "C" int tile_attention_supports(int64_t hd, int64_t group, int64_t bs) {
+    return tile_attention_shape(hd, group, bs) ? 1 : 0;
+}
+
+// The runs' rows of out [rows, heads, hd] (tile_attention.h), the other rows untouched;
+// q as out, caches as paged_attention_bf16's. The shape must be one
+// tile_attention_supports takes.
+extern "C" void tile_attention_bf16(const bf16* q, const bf16* k, const bf16* v,
+                                    const int64_t* tables, const int64_t* runs, int64_t num_runs,
+                                    bf16* out, int64_t heads, int64_t kv_heads, int64_t hd,
+                                    int64_t num_blocks, int64_t max_blocks, float scale,
+                                    int threads) {
+    #pragma omp parallel num_threads(threads)
+    {
+        ProjectionTiles tiles;
+        tile_attention_runs(q, k, v, tables, runs, num_runs, out, heads, kv_heads, hd,
+                            num_blocks, max_blocks, scale);
+    }
 }
