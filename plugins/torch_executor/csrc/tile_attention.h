@@ -35,6 +35,25 @@ static inline void interleave_rows(const bf16* a, const bf16* b, bf16* out) {
     _mm512_storeu_si512(out, _mm512_permutex2var_epi16(lo, idx, hi));
 }
 
+// 2^x for x <= 0 (x = -inf gives 0), within about 2e-7 relative: x = n + f with n an
+// integer and |f| <= 1/2, 2^f by a degree-6 polynomial, scaled by 2^n. About half the
+// instructions of vexp; the probabilities are rounded to bfloat16 (2^-9) for the P V
+// product anyway.
+static inline __m512 exp2_nonpositive(__m512 x) {
+    const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+    const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(xc, n);
+    __m512 y = _mm512_set1_ps(1.5403530e-4f);                    // ln2^6 / 720
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3333558e-3f));     // ln2^5 / 120
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291e-3f));     // ln2^4 / 24
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504109e-2f));     // ln2^3 / 6
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022651e-1f));     // ln2^2 / 2
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718e-1f));     // ln2
+    y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+    const __m512 result = _mm512_scalef_ps(y, n);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-127.0f), _CMP_GE_OQ), result);
+}
+
 // Rows first_row .. first_row + num_rows - 1 of q, at positions start .. start + num_rows
 // - 1 of the sequence whose blocks are `table`, attend causally over its cached keys
 // (rope_store has written the chunk's own K and V): out [rows, heads, HD] as q. k: [kv_heads,
@@ -49,6 +68,7 @@ static void tile_attend_item(const bf16* q, const bf16* k, const bf16* v, const 
     // KC keys a chunk: four cache blocks, one C tile of scores each.
     constexpr int BS = 16, KB = 4, KC = KB * BS, QS = HD / 32, OT = HD / 16;
     const int64_t ctx = pos0 + rows;  // keys the last row sees
+    const float scale2 = scale * 1.44269504088896341f;  // scores in base 2
     alignas(64) bf16 qt[8][16][HD];         // the group's queries, padded rows zero
     alignas(64) bf16 kt[KB][QS][16][32];    // each block's K^T, per 32 dims
     alignas(64) bf16 vt[OT][KC / 2][32];    // the chunk's V, per 16 outputs
@@ -111,6 +131,7 @@ static void tile_attend_item(const bf16* q, const bf16* k, const bf16* v, const 
             _tile_stored(3, &s[0][48], KC * sizeof(float));
             // Per row: the new running max, the probabilities under it and their sum;
             // then the 16 rows' rescale factors exp(old max - new max) in one vector.
+            // Scores are kept in base 2 (times log2 e), so each exp is an exp2.
             alignas(64) float mx[16], total[16];
             for (int r = 0; r < 16; ++r) {
                 // Keys the row sees in this chunk; padded rows see what the last row sees.
@@ -118,21 +139,21 @@ static void tile_attend_item(const bf16* q, const bf16* k, const bf16* v, const 
                 vf sv[KB];
                 vf mv = vset1(m[g][r]);
                 for (int b = 0; b < KB; ++b) {
-                    sv[b] = vfirst(vload(s[r] + b * BS) * vset1(scale), sees - b * BS, -INFINITY);
+                    sv[b] = vfirst(vload(s[r] + b * BS) * vset1(scale2), sees - b * BS, -INFINITY);
                     mv = vmax(mv, sv[b]);
                 }
                 // The first chunk holds key 0, which every row sees: the max is finite.
                 mx[r] = vhmax(mv);
                 vf sum = vzero();
                 for (int b = 0; b < KB; ++b) {
-                    const vf pb = vexp(sv[b] - vset1(mx[r]));
+                    const vf pb = {exp2_nonpositive((sv[b] - vset1(mx[r])).v)};
                     sum = sum + pb;
                     vstore(p[r] + b * BS, pb);
                 }
                 total[r] = vsum(sum);
             }
             alignas(64) float alpha[16];  // 0 on the first chunk (old max -inf)
-            vstore(alpha, vexp(vload(m[g]) - vload(mx)));
+            vstore(alpha, vf{exp2_nonpositive((vload(m[g]) - vload(mx)).v)});
             vstore(l[g], vload(l[g]) * vload(alpha) + vload(total));
             std::memcpy(m[g], mx, sizeof(mx));
             _tile_loadd(4, &p[0][0], KC * sizeof(bf16));
