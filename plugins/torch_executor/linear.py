@@ -75,6 +75,7 @@ class Linear:
         self._pack_asked = pack
         self._packed: torch.Tensor | None = None
         self._tiles: torch.Tensor | None = None
+        self._gated_tiles: torch.Tensor | None = None
         self._compact: dict[WeightFormat, CompactWeight] = {}
         self._bfloat16: Linear | None = None
 
@@ -109,6 +110,27 @@ class Linear:
                 self.weight.view(out // 16, 16, inp // 2, 2).permute(0, 2, 1, 3).contiguous()
             )
         return self._tiles
+
+    def gated_tile_weight(self) -> torch.Tensor:
+        """The tile layout (``tile_weight``) of a gate/up projection, whose first half of
+        outputs are the gates and the second the values they gate, with each block of 16
+        gates followed by the block of 16 values it gates: one pair of output blocks holds
+        both, which lets ``tile_gated_silu`` apply SiLU as it stores them. Built on the
+        first call; ``ValueError`` as ``tile_weight``, or for an odd number of 16-output
+        blocks."""
+        if self._gated_tiles is None:
+            if not self.has_tile_layout or self.out_features % 32 != 0:
+                raise ValueError(
+                    f"no gated tile layout for a {self.dtype} {self.out_features}x"
+                    f"{self.in_features} weight on {self.weight.device}"
+                )
+            out, inp = self.out_features, self.in_features
+            # [2 (gate, up), blocks, 16, in] -> [blocks, 2, 16, in]: blocks interleaved.
+            paired = self.weight.view(2, out // 32, 16, inp).transpose(0, 1)
+            self._gated_tiles = (
+                paired.reshape(out // 16, 16, inp // 2, 2).permute(0, 2, 1, 3).contiguous()
+            )
+        return self._gated_tiles
 
     def compact_weight(self, fmt: WeightFormat) -> CompactWeight:
         """The weight in ``fmt``'s compact layout (``compact.py``), built on the first call;

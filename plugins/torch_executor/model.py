@@ -31,7 +31,7 @@ class Ops:
     hidden]``; ``silu_mul(gate_up)``, ``silu(gate) * up`` of ``[rows, 2 * inter]`` ->
     ``[rows, inter]``; ``linear(layer, x)``, ``layer(x)``; ``linear_add(layer, x,
     residual)``, ``layer.add(x, residual)``; ``head(lm_head, x)``, the LM head's
-    ``lm_head(x)``. ``TORCH_OPS`` below, or the CPU kernels (``kernel_ops``, over
+    ``lm_head(x)``; ``gated``, below. ``TORCH_OPS`` below, or the CPU kernels (``kernel_ops``, over
     ``native.py``: one pass each, and the projections on AMX tiles or over compact
     weights)."""
 
@@ -40,6 +40,8 @@ class Ops:
     linear: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__
     linear_add: Callable[[Linear, torch.Tensor, torch.Tensor], torch.Tensor] = Linear.add
     head: Callable[[Linear, torch.Tensor], torch.Tensor] = Linear.__call__
+    # ``gated(gate_up, x)``: ``silu_mul(linear(gate_up, x))`` in one op, where one exists.
+    gated: Callable[[Linear, torch.Tensor], torch.Tensor] | None = None
 
 
 class Attention(Protocol):
@@ -196,6 +198,7 @@ def kernel_ops(
         silu_mul=kernels.silu_mul,
         linear=kernels.linear,
         linear_add=kernels.linear_add,
+        gated=kernels.gated_linear,
     )
 
 
@@ -214,8 +217,12 @@ def decoder_layer(
     qkv = ops.linear(w.qkv, ops.norm(h, w.input_norm, eps))  # [n, (heads + 2 kv_heads) hd]
     attn = attention(index, qkv)  # [n, heads, head_dim]
     h = ops.linear_add(w.o, attn.reshape(n, args.num_heads * args.head_dim), h)
-    gate_up = ops.linear(w.gate_up, ops.norm(h, w.post_norm, eps))  # [n, 2 * intermediate]
-    return ops.linear_add(w.down, ops.silu_mul(gate_up), h)
+    x = ops.norm(h, w.post_norm, eps)
+    if ops.gated is not None:
+        act = ops.gated(w.gate_up, x)  # [n, intermediate]
+    else:
+        act = ops.silu_mul(ops.linear(w.gate_up, x))  # gate_up: [n, 2 * intermediate]
+    return ops.linear_add(w.down, act, h)
 
 
 def forward_hidden(

@@ -191,9 +191,14 @@ class ModelRunner:
         and with compact weights their layout too (oneDNN's copy still runs the batches
         too long for them)."""
         fmt = self.weights_format
+        gate_ups = {id(layer.gate_up) for layer in self.weights.layers}
         for linear in self._projections():
             if tiles and linear.has_tile_layout and linear is not self.weights.lm_head:
-                linear.tile_weight()
+                # The gate/up projections run gated (Kernels.gated_linear), the rest plain.
+                if id(linear) in gate_ups and linear.out_features % 32 == 0:
+                    linear.gated_tile_weight()
+                else:
+                    linear.tile_weight()
                 continue
             if self.dense is BFLOAT16:
                 linear.as_bfloat16().packed_weight()

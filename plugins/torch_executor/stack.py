@@ -44,10 +44,13 @@ class DecodeStack:
         projection: Callable[[Linear], tuple[torch.Tensor, torch.Tensor | None]],
         max_rows: int | None,
         takes_runs: bool = False,
+        gate_up: Callable[[Linear], tuple[torch.Tensor, torch.Tensor | None]] | None = None,
     ) -> None:
         """``run``: the kernels' export; ``projection(linear)``: the weight it reads and
         its scales (``None`` but for int8); ``max_rows``: the most rows a step may have
-        (``None``: no bound); ``takes_runs``: whether it attends chunks on tiles."""
+        (``None``: no bound); ``takes_runs``: whether it attends chunks on tiles;
+        ``gate_up``: the gate/up projection's weight where it differs from
+        ``projection``'s."""
         self.max_rows = max_rows
         self.takes_runs = takes_runs
         self._run = run
@@ -57,7 +60,8 @@ class DecodeStack:
         for i, layer in enumerate(weights.layers):
             addresses += [layer.input_norm.data_ptr(), layer.post_norm.data_ptr()]
             for linear in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                values, scales = projection(linear)
+                own = gate_up if gate_up is not None and linear is layer.gate_up else projection
+                values, scales = own(linear)
                 addresses += [values.data_ptr(), 0 if scales is None else scales.data_ptr()]
             addresses += [cache.k[i].data_ptr(), cache.v[i].data_ptr()]
         # 12 per layer, in stack.h's ``StackLayer`` order; the tensors they point into
@@ -83,7 +87,9 @@ class DecodeStack:
             return None
         linears = [linear for layer in weights.layers for linear in layer.linears]
         if weights.dtype == torch.bfloat16 and kernels.has_tile_linear:
-            if not all(linear.has_tile_layout for linear in linears):
+            if not all(linear.has_tile_layout for linear in linears) or any(
+                layer.gate_up.out_features % 32 for layer in weights.layers
+            ):
                 return None
             return DecodeStack(
                 kernels.lib.decode_stack_bf16_tiles,
@@ -92,6 +98,7 @@ class DecodeStack:
                 lambda linear: (linear.tile_weight(), None),
                 max_rows=None,
                 takes_runs=True,
+                gate_up=lambda linear: (linear.gated_tile_weight(), None),
             )
         if weights.dtype != torch.float32:
             return None

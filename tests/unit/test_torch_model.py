@@ -170,15 +170,21 @@ def test_bfloat16_tile_projections_stay_within_rounding_of_the_packed_matmul(
     # ``Ops``, which is what the two executors differ in.
     with_tiles.runner.stack = without.runner.stack = None
     tile_rows = []
-    real = Kernels._tile_linear
+    real, real_gated = Kernels._tile_linear, Kernels._tile_gated
 
     def counted(self: Kernels, layer: Linear, x: torch.Tensor, r: torch.Tensor | None) -> object:
         tile_rows.append(x.shape[0])
         return real(self, layer, x, r)
 
+    def counted_gated(self: Kernels, layer: Linear, x: torch.Tensor) -> object:
+        tile_rows.append(x.shape[0])
+        return real_gated(self, layer, x)
+
     monkeypatch.setattr(Kernels, "_tile_linear", counted)
+    monkeypatch.setattr(Kernels, "_tile_gated", counted_gated)
     ours = run_steps(with_tiles, sequences, tables)
-    # Every step has at most 64 rows: each layer's four projections run on tiles.
+    # Every step has at most 64 rows: each layer's four projections run on tiles (the
+    # gate/up one with SiLU, Kernels.gated_linear).
     step_rows = [sum(b - a for _, a, b, _ in step) for step in STEPS]
     assert tile_rows == [n for n in step_rows for _ in range(4 * weights.args.num_layers)]
     theirs = run_steps(without, sequences, tables)

@@ -322,19 +322,22 @@ def test_a_sampling_chunk_sends_its_last_block_through_the_kernel() -> None:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "cache_dtype"),
-    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-     (torch.float32, torch.bfloat16)],
+    ("dtype", "cache_dtype", "tile_chunks"),
+    [(torch.float32, torch.float32, False), (torch.bfloat16, torch.bfloat16, False),
+     (torch.float32, torch.bfloat16, False), (torch.bfloat16, torch.bfloat16, True)],
 )  # fmt: skip
 def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
-    kernels: Kernels, dtype: torch.dtype, cache_dtype: torch.dtype
+    kernels: Kernels, dtype: torch.dtype, cache_dtype: torch.dtype, tile_chunks: bool
 ) -> None:
     """A 600-token prompt prefilled whole (its last chunk samples) and the same prompt's
     last block recomputed over its cached prefix, in a batch with other rows, on 1 and 2
     threads: the last block's attention is equal bit for bit, so the prefix cache cannot
     change the first token (head_dim 64: the vectorised kernel; 600 keys: two parts),
-    also for float32 queries over a bfloat16 cache."""
+    also for float32 queries over a bfloat16 cache, and with the rest of the prompt
+    attending on AMX tiles (``tile_chunks``)."""
     args = dataclasses.replace(ARGS, head_dim=64)
+    if tile_chunks and not kernels.has_tile_attention(64, args.group_size, 16):
+        pytest.skip(f"the {kernels.variant} kernels have no tile attention this process may use")
     torch.manual_seed(4)
     width = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim
     qkv = torch.randn(600, width).to(dtype)
@@ -348,7 +351,9 @@ def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
             torch.set_num_threads(threads)
             cache = PagedKVCache(args, 48, 16, cache_dtype)
             if cached:  # the prefix as an earlier request left it; then the last block
-                fill = build_step([SequenceSlice(0, 592, 0, table)], 16, rope, 48, 16)
+                fill = build_step(
+                    [SequenceSlice(0, 592, 0, table)], 16, rope, 48, 16, tile_chunks=tile_chunks
+                )
                 PagedAttention(cache, fill, args, rope, kernels)(0, qkv[:592])
                 slices = [
                     SequenceSlice(0, 8, 592, table, samples=True),
@@ -358,7 +363,10 @@ def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
             else:
                 slices = [SequenceSlice(0, 600, 0, table, samples=True)]
                 rows = qkv
-            step = build_step(slices, 16, rope, 48, 16)
+            step = build_step(slices, 16, rope, 48, 16, tile_chunks=tile_chunks)
+            assert (step.kernel_rows is not None and step.kernel_rows.runs is not None) == (
+                tile_chunks and not cached
+            )
             out = PagedAttention(cache, step, args, rope, kernels)(0, rows)
             outs.append(out[592:600] if not cached else out[:8])
         for out in outs[1:]:

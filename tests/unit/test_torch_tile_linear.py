@@ -129,3 +129,38 @@ def test_tile_linear_and_torch_amx_kernels_share_threads_without_harm(kernels: K
                 assert torch.equal(want, have)
     finally:
         torch.set_num_threads(previous)
+
+
+def test_the_gated_layout_puts_each_block_of_gates_before_what_it_gates() -> None:
+    weight = torch.randn(96, 64).to(torch.bfloat16)  # 48 gates, then 48 values
+    layer = Linear(weight)
+    layout = layer.gated_tile_weight()
+    assert layout.shape == (6, 32, 16, 2) and layer.gated_tile_weight() is layout
+    for block, pair, lane, half in [(0, 0, 0, 0), (5, 31, 15, 1), (2, 3, 7, 0), (3, 20, 9, 1)]:
+        # Output block 2b holds gates 16b.., block 2b + 1 the values 48 + 16b..
+        row = 16 * (block // 2) + lane + (48 if block % 2 else 0)
+        assert layout[block, pair, lane, half] == weight[row, 2 * pair + half]
+    with pytest.raises(ValueError, match="no gated tile layout"):
+        Linear(torch.randn(48, 64).to(torch.bfloat16)).gated_tile_weight()  # 3 blocks
+
+
+# Rows as test_tile_linear_is_the_exact_product_rounded_once's (partial row tiles, a row
+# tile without a partner); (3072, 576): SmolLM2's gate/up, more than one L2-sized chunk.
+@pytest.mark.parametrize(("out_features", "in_features"), [(32, 64), (96, 96), (3072, 576)])
+@pytest.mark.parametrize("rows", [1, 16, 17, 48, 64, 300])
+def test_the_gated_projection_is_silu_mul_of_the_projection_bit_for_bit(
+    kernels: Kernels, out_features: int, in_features: int, rows: int
+) -> None:
+    gen = torch.Generator().manual_seed(out_features + rows)
+    layer = Linear(torch.randn(out_features, in_features, generator=gen).to(torch.bfloat16))
+    x = torch.randn(rows, in_features, generator=gen).to(torch.bfloat16)
+    got = kernels.gated_linear(layer, x)
+    assert got.shape == (rows, out_features // 2) and got.dtype == torch.bfloat16
+    assert torch.equal(got, kernels.silu_mul(kernels.linear(layer, x)))
+
+
+def test_a_gate_up_of_an_odd_number_of_blocks_takes_the_two_ops(kernels: Kernels) -> None:
+    gen = torch.Generator().manual_seed(6)
+    layer = Linear(torch.randn(48, 64, generator=gen).to(torch.bfloat16))
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    assert torch.equal(kernels.gated_linear(layer, x), kernels.silu_mul(kernels.linear(layer, x)))

@@ -19,8 +19,14 @@ static void decode_stack_compact(STACK_ARGS(float)) {
             linear_bf16w_rows(static_cast<const bf16*>(w), x, residual, out, n, n_out, k);
         }
     };
+    std::vector<float> gate_up(n * 2 * inter);
+    auto project_gated = [&](const void* w, const float* scales, const float* x, float* act,
+                             int64_t inter2, int64_t k) {
+        project(w, scales, x, nullptr, gate_up.data(), inter2, k);
+        silu_mul_rows(gate_up.data(), act, n, inter2 / 2);
+    };
     auto no_runs = [](const float*, const C*, const C*, float*) {};  // the float32 stacks have none
-    decode_layers<float, C>(STACK_ARG_NAMES, n, project, no_runs);
+    decode_layers<float, C>(STACK_ARG_NAMES, n, project, project_gated, no_runs);
 }
 
 extern "C" void decode_stack_f32(STACK_ARGS(float)) {

@@ -57,15 +57,16 @@ static_assert(sizeof(StackLayer) == 12 * sizeof(int64_t), "12 addresses per laye
 // residual, out, n_out, k)`, called by every thread of the region, computes out =
 // residual + x W^T for the step's n rows (no residual where null) and returns after a
 // barrier. The buffers it reads as x hold `padded_rows` (>= n) rows, the rows past n
-// zero: a projection may read whole tiles of rows. `attend_runs(q, k_cache, v_cache,
-// out)`, called by every thread, attends the runs' rows (ending in a barrier). Every
-// thread of the region holds a `ThreadState` while it runs the layers (the tile
-// configuration's, for AMX).
+// zero: a projection may read whole tiles of rows. `project_gated(w, scales, x, act,
+// 2 * inter, hidden)`, called by every thread, computes act = silu_mul(x Wgu^T) and
+// returns after a barrier. `attend_runs(q, k_cache, v_cache, out)`, called by every
+// thread, attends the runs' rows (ending in a barrier). Every thread of the region holds
+// a `ThreadState` while it runs the layers (the tile configuration's, for AMX).
 struct NoThreadState {};
 template <typename T, typename C, typename ThreadState = NoThreadState, typename Project,
-          typename AttendRuns>
+          typename ProjectGated, typename AttendRuns>
 static void decode_layers(STACK_ARGS(T), int64_t padded_rows, Project project,
-                          AttendRuns attend_runs) {
+                          ProjectGated project_gated, AttendRuns attend_runs) {
     const StackLayer* layers = reinterpret_cast<const StackLayer*>(layer_addresses);
     const int64_t group = heads / kv_heads;
     const int64_t qkv_width = (heads + 2 * kv_heads) * hd;
@@ -73,7 +74,7 @@ static void decode_layers(STACK_ARGS(T), int64_t padded_rows, Project project,
         attention_splits(max_len, bs, part_kernel<T, C>(bs, hd, group) != nullptr);
     // Value-initialised: the padding rows stay zero, as the projections' inputs need.
     std::vector<T> x(padded_rows * hidden), qkv(n * qkv_width), q(n * heads * hd);
-    std::vector<T> a(padded_rows * heads * hd), gate_up(n * 2 * inter);
+    std::vector<T> a(padded_rows * heads * hd);
     std::vector<T> act(padded_rows * inter);
     // Every part writes its own slots before the merge reads them: no need to zero.
     std::unique_ptr<float[]> parts(
@@ -98,9 +99,7 @@ static void decode_layers(STACK_ARGS(T), int64_t padded_rows, Project project,
             if (num_runs > 0) attend_runs(q.data(), (const C*)k_cache, (const C*)v_cache, a.data());
             project(L.o, L.o_scales, a.data(), h, h, hidden, heads * hd);
             rms_norm_rows(h, static_cast<const T*>(L.post_norm), x.data(), n, hidden, eps);
-            project(L.gate_up, L.gate_up_scales, x.data(), nullptr, gate_up.data(), 2 * inter,
-                    hidden);
-            silu_mul_rows(gate_up.data(), act.data(), n, inter);
+            project_gated(L.gate_up, L.gate_up_scales, x.data(), act.data(), 2 * inter, hidden);
             project(L.down, L.down_scales, act.data(), h, h, hidden, inter);
         }
     }

@@ -59,7 +59,11 @@ struct ProjectionTiles {
 
 // The projection, shared by the threads of the enclosing parallel region (each takes
 // its own range of outputs; no barrier at the end), with the projections' tile
-// configuration loaded on each. a: [padded_rows, k], a multiple of 16 rows.
+// configuration loaded on each. a: [padded_rows, k], a multiple of 16 rows. Gated: w is
+// a gate/up projection in Linear.gated_tile_weight's layout and out [rows, n / 2] gets
+// rnd(rnd(silu(gate)) * up) of the rounded products, as silu_mul_rows computes it from
+// them once stored (no residual): the n outputs are never written.
+template <bool Gated = false>
 static void tile_linear_rows(const bf16* w, const bf16* a, const bf16* residual, bf16* out,
                              int64_t rows, int64_t padded_rows, int64_t n, int64_t k) {
     const int64_t blocks = n / 16, pairs = (blocks + 1) / 2, steps = k / 32;
@@ -107,6 +111,19 @@ static void tile_linear_rows(const bf16* w, const bf16* a, const bf16* residual,
                 _tile_stored(1, c[1], 64);
                 _tile_stored(2, c[2], 64);
                 _tile_stored(3, c[3], 64);
+                if constexpr (Gated) {
+                    // Output blocks nb (gates) and nb + 1 (what they gate) are outputs p *
+                    // 16 .. p * 16 + 15 of out.
+                    for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
+                        for (int r = 0; r < 16 && m0 + mi * 16 + r < rows; ++r) {
+                            const int64_t row = m0 + mi * 16 + r;
+                            const vf g = vround<bf16>(vload(c[mi * 2][r]));
+                            const vf act = vround<bf16>(g * vrecip(vset1(1.0f) + vexp(vzero() - g)));
+                            vstore(out + row * (n / 2) + p * 16, act * vround<bf16>(vload(c[mi * 2 + 1][r])));
+                        }
+                    }
+                    continue;
+                }
                 for (int mi = 0; mi < (two_m ? 2 : 1); ++mi) {
                     for (int ni = 0; ni < (two_n ? 2 : 1); ++ni) {
                         const int64_t col = (nb + ni) * 16;
@@ -124,13 +141,31 @@ static void tile_linear_rows(const bf16* w, const bf16* a, const bf16* residual,
     }
 }
 
+template <bool Gated>
 static void tile_linear(const bf16* w, const bf16* a, const bf16* residual, bf16* out,
                         int64_t rows, int64_t padded_rows, int64_t n, int64_t k, int threads) {
     #pragma omp parallel num_threads(threads)
     {
         ProjectionTiles tiles;
-        tile_linear_rows(w, a, residual, out, rows, padded_rows, n, k);
+        tile_linear_rows<Gated>(w, a, residual, out, rows, padded_rows, n, k);
     }
+}
+
+// x [rows, k] through w (n outputs) on tiles, rows padded to whole tiles.
+template <bool Gated>
+static void tile_linear_padded(const bf16* w, const bf16* x, const bf16* residual, bf16* out,
+                               int64_t rows, int64_t n, int64_t k, int threads) {
+    const int64_t padded_rows = (rows + 15) / 16 * 16;
+    if (padded_rows == rows) {
+        tile_linear<Gated>(w, x, residual, out, rows, rows, n, k, threads);
+        return;
+    }
+    // A tile reads 16 rows: copy x into a zero-padded buffer kept for the next call.
+    thread_local std::vector<bf16> padded;
+    padded.resize(padded_rows * k);
+    std::memcpy(padded.data(), x, rows * k * sizeof(bf16));
+    std::memset(padded.data() + rows * k, 0, (padded_rows - rows) * k * sizeof(bf16));
+    tile_linear<Gated>(w, padded.data(), residual, out, rows, padded_rows, n, k, threads);
 }
 
 // 1 when the kernel let this process use AMX, else 0.
@@ -143,19 +178,15 @@ extern "C" int tile_linear_available() {
 // x: [rows, k], out (and residual, unless null): [rows, n]; n a multiple of 16, k of 32.
 extern "C" void tile_linear_bf16(const bf16* w, const bf16* x, const bf16* residual, bf16* out,
                                  int64_t rows, int64_t n, int64_t k, int threads) {
-    const int64_t padded_rows = (rows + 15) / 16 * 16;
-    if (padded_rows == rows) {
-        tile_linear(w, x, residual, out, rows, rows, n, k, threads);
-        return;
-    }
-    // A tile reads 16 rows: copy x into a zero-padded buffer kept for the next call.
-    thread_local std::vector<bf16> padded;
-    padded.resize(padded_rows * k);
-    std::memcpy(padded.data(), x, rows * k * sizeof(bf16));
-    std::memset(padded.data() + rows * k, 0, (padded_rows - rows) * k * sizeof(bf16));
-    tile_linear(w, padded.data(), residual, out, rows, padded_rows, n, k, threads);
+    tile_linear_padded<false>(w, x, residual, out, rows, n, k, threads);
 }
 
+// silu(gate) * up of a gate/up projection in Linear.gated_tile_weight's layout (n outputs,
+// a multiple of 32): x [rows, k], out [rows, n / 2].
+extern "C" void tile_gated_silu_bf16(const bf16* w, const bf16* x, bf16* out, int64_t rows,
+                                     int64_t n, int64_t k, int threads) {
+    tile_linear_padded<true>(w, x, nullptr, out, rows, n, k, threads);
+}
 
 // The decode stack (stack.h) of the bfloat16 model with every projection on AMX tiles:
 // the same kernels in the same order as the op-by-op path (rms_norm_bf16, tile_linear_bf16,
@@ -170,13 +201,20 @@ extern "C" void decode_stack_bf16_tiles(STACK_ARGS(bf16)) {
                          k);
         #pragma omp barrier
     };
+    // The gate/up projection in Linear.gated_tile_weight's layout, SiLU as it stores.
+    auto project_gated = [&](const void* w, const float*, const bf16* x, bf16* act,
+                             int64_t inter2, int64_t k) {
+        tile_linear_rows<true>(static_cast<const bf16*>(w), x, nullptr, act, n, padded_rows,
+                               inter2, k);
+        #pragma omp barrier
+    };
     auto attend_runs = [&](const bf16* q, const bf16* k, const bf16* v, bf16* out) {
         tile_attention_runs(q, k, v, tables, runs, num_runs, out, heads, kv_heads, hd,
                             num_blocks, max_blocks, scale);
     };
     // One configuration per thread for the whole step, kept and put back as tile_linear.
     decode_layers<bf16, bf16, ProjectionTiles>(STACK_ARG_NAMES, padded_rows, project,
-                                               attend_runs);
+                                               project_gated, attend_runs);
 }
 
 // 1 when tile_attention_bf16 (and the tile stack's runs) take this shape, else 0.
