@@ -11,11 +11,14 @@
 // never on which rows share its tile or its step.
 //
 // Numerics: scores and the running sums in float32 (exact bfloat16 products, float32
-// sums); the probabilities are rounded to bfloat16 for the P V product, as PyTorch's CPU
-// flash attention does for bfloat16 (its results and these differ by that rounding, not
-// by more). The per-row kernel keeps them in float32: rows that must attend alike
-// wherever they are computed (a prompt's last block, which the prefix cache recomputes)
-// stay on it (SequenceSlice.first_kernel_row).
+// sums); the probabilities go into the P V product as two bfloat16 terms, P = hi + lo
+// (about 2^-17 relative), so that each row is the per-row kernel's float32 attention but
+// for the order of its sums. Rounding P to bfloat16 once, as PyTorch's CPU flash
+// attention does, costs half as many P V products but is off by 2^-9 per probability:
+// enough to turn SmolLM2-135M's greedy answer to the README's question from "The capital
+// of France is Paris." to "L'Etoile, la Marseillaise, ...". Rows that must attend alike
+// bit for bit wherever they are computed (a prompt's last block, which the prefix cache
+// recomputes) stay on the per-row kernel (SequenceSlice.first_kernel_row).
 #pragma once
 
 #include <immintrin.h>
@@ -37,8 +40,7 @@ static inline void interleave_rows(const bf16* a, const bf16* b, bf16* out) {
 
 // 2^x for x <= 0 (x = -inf gives 0), within about 2e-7 relative: x = n + f with n an
 // integer and |f| <= 1/2, 2^f by a degree-6 polynomial, scaled by 2^n. About half the
-// instructions of vexp; the probabilities are rounded to bfloat16 (2^-9) for the P V
-// product anyway.
+// instructions of vexp, and finer than the P V product's two bfloat16 terms (2^-17).
 static inline __m512 exp2_nonpositive(__m512 x) {
     const __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
     const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -73,7 +75,8 @@ static void tile_attend_item(const bf16* q, const bf16* k, const bf16* v, const 
     alignas(64) bf16 kt[KB][QS][16][32];    // each block's K^T, per 32 dims
     alignas(64) bf16 vt[OT][KC / 2][32];    // the chunk's V, per 16 outputs
     alignas(64) float s[16][KC];            // one head's scores
-    alignas(64) bf16 p[16][KC];             // its probabilities
+    alignas(64) bf16 p[16][KC];             // its probabilities, rounded to bfloat16
+    alignas(64) bf16 p_lo[16][KC];          // and what that rounding left off
     alignas(64) float o_part[16][HD];
     alignas(64) float o[8][16][HD];
     alignas(64) float m[8][16], l[8][16];
@@ -148,7 +151,9 @@ static void tile_attend_item(const bf16* q, const bf16* k, const bf16* v, const 
                 for (int b = 0; b < KB; ++b) {
                     const vf pb = {exp2_nonpositive((sv[b] - vset1(mx[r])).v)};
                     sum = sum + pb;
-                    vstore(p[r] + b * BS, pb);
+                    const vf hi = vround<bf16>(pb);
+                    vstore(p[r] + b * BS, hi);
+                    vstore(p_lo[r] + b * BS, pb - hi);  // exact in float32
                 }
                 total[r] = vsum(sum);
             }
@@ -156,24 +161,25 @@ static void tile_attend_item(const bf16* q, const bf16* k, const bf16* v, const 
             vstore(alpha, vf{exp2_nonpositive((vload(m[g]) - vload(mx)).v)});
             vstore(l[g], vload(l[g]) * vload(alpha) + vload(total));
             std::memcpy(m[g], mx, sizeof(mx));
-            _tile_loadd(4, &p[0][0], KC * sizeof(bf16));
-            _tile_loadd(5, &p[0][32], KC * sizeof(bf16));
-            // Four output tiles at a time (tile numbers are immediates).
-            for (int j = 0; j < OT; j += 4) {
+            // P's two terms stay in tiles 2-5 over the whole row of outputs; two output
+            // tiles at a time (tile numbers are immediates), each over both terms.
+            _tile_loadd(2, &p[0][0], KC * sizeof(bf16));
+            _tile_loadd(3, &p[0][32], KC * sizeof(bf16));
+            _tile_loadd(4, &p_lo[0][0], KC * sizeof(bf16));
+            _tile_loadd(5, &p_lo[0][32], KC * sizeof(bf16));
+            for (int j = 0; j < OT; j += 2) {
                 _tile_zero(0);
                 _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
-#define PV_TILE(C, B)                                       \
+#define PV_TILE(C)                                          \
     _tile_loadd(6, vt[j + C][0], 64);                       \
+    _tile_dpbf16ps(C, 2, 6);                                \
     _tile_dpbf16ps(C, 4, 6);                                \
     _tile_loadd(7, vt[j + C][16], 64);                      \
+    _tile_dpbf16ps(C, 3, 7);                                \
     _tile_dpbf16ps(C, 5, 7);                                \
     _tile_stored(C, &o_part[0][(j + C) * 16], HD * sizeof(float))
-                PV_TILE(0, 6);
-                PV_TILE(1, 6);
-                PV_TILE(2, 6);
-                PV_TILE(3, 6);
+                PV_TILE(0);
+                PV_TILE(1);
 #undef PV_TILE
             }
             for (int r = 0; r < 16; ++r) {
