@@ -31,7 +31,8 @@ _new_tuple = tuple.__new__
 class ScheduledRequest(NamedTuple):
     """One request's share of a step.
 
-    ``token_ids`` sit at positions ``start_position .. start_position + len(token_ids) - 1``.
+    ``token_ids`` sit at positions ``start_position .. start_position + len(token_ids) - 1``
+    (a read-only sequence: a decode's one token is a tuple shared with other plans).
     ``block_table`` lists the KV block ids that hold positions ``0 ..`` (block ``i`` holds
     positions ``[i * block_size, (i + 1) * block_size)``) and covers every position up to
     the last one run this step. ``sample`` is true when this step's last token is the
@@ -48,7 +49,7 @@ class ScheduledRequest(NamedTuple):
     """
 
     request_id: str
-    token_ids: list[int]
+    token_ids: Sequence[int]
     start_position: int
     block_table: Sequence[int]
     sample: bool
@@ -72,7 +73,7 @@ class ScheduledRequest(NamedTuple):
 def scheduled_request(
     *,
     request_id: str,
-    token_ids: list[int],
+    token_ids: Sequence[int],
     start_position: int,
     block_table: Sequence[int],
     sample: bool,

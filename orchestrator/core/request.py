@@ -10,9 +10,18 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.core.constraint import ConstraintSpec
+
+# One-token sequences, shared by every decode of that token. A decode step would
+# otherwise build a list per running request: with the plan entry and the output, three
+# objects the cyclic collector counts, which at about a thousand running requests ran
+# its young collection four times a step instead of twice. Bounded by the vocabulary;
+# past ``_SHARED_ONE_TOKEN_MAX`` distinct ids (none has that many) a fresh tuple.
+_SHARED_ONE_TOKEN: dict[int, tuple[int]] = {}
+_SHARED_ONE_TOKEN_MAX = 1 << 18
 
 
 class RequestStatus(enum.IntEnum):
@@ -219,12 +228,15 @@ class Request:
         cached = self.num_expected_cached_tokens if self.num_computed_tokens == 0 else 0
         return self.num_uncomputed_tokens - cached
 
-    def token_ids(self, start: int, stop: int) -> list[int]:
-        """Token ids at positions ``[start, stop)`` of prompt followed by output."""
+    def token_ids(self, start: int, stop: int) -> Sequence[int]:
+        """Token ids at positions ``[start, stop)`` of prompt followed by output: a new
+        list, or for one output position a shared, immutable one-token tuple."""
         n_prompt = len(self.prompt_token_ids)
         if stop <= n_prompt:
             return self.prompt_token_ids[start:stop]
         if start >= n_prompt:
+            if stop - start == 1:
+                return _one_token(self.output_token_ids[start - n_prompt])
             return self.output_token_ids[start - n_prompt : stop - n_prompt]
         return self.prompt_token_ids[start:] + self.output_token_ids[: stop - n_prompt]
 
@@ -235,3 +247,14 @@ class Request:
     @property
     def finish_reason(self) -> FinishReason | None:
         return FINISH_REASONS.get(self.status)
+
+
+def _one_token(token: int) -> tuple[int]:
+    """``(token,)``, the same object for every call with that token while the table has
+    room."""
+    shared = _SHARED_ONE_TOKEN.get(token)
+    if shared is None:
+        shared = (token,)
+        if len(_SHARED_ONE_TOKEN) < _SHARED_ONE_TOKEN_MAX:
+            _SHARED_ONE_TOKEN[token] = shared
+    return shared

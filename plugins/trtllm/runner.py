@@ -156,11 +156,11 @@ class PlanRunner:
         """A request running in TensorRT-LLM only ever decodes the token it was last
         given: anything else means the plan and TensorRT-LLM's state have parted."""
         stream = self._streams.get(scheduled.request_id)
-        if scheduled.sample and scheduled.token_ids == [stream.last_token]:
+        if scheduled.sample and tuple(scheduled.token_ids) == (stream.last_token,):
             return
         raise TrtllmError(
             f"request {scheduled.request_id!r} runs in TensorRT-LLM after token "
-            f"{stream.last_token}, but the plan gives it {scheduled.token_ids} at position "
+            f"{stream.last_token}, but the plan gives it {list(scheduled.token_ids)} at position "
             f"{scheduled.start_position} (sample={scheduled.sample})"
         )
 
