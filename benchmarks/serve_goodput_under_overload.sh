@@ -18,13 +18,15 @@
 # Before that, a sweep (SWEEP=1, the default; SWEEP_ONLY=1 runs nothing else): the
 # shipped default config (CONFIG_DEFAULT) against CONFIG_SLO at SWEEP_LOADS (0.5 1 2 4)
 # x the default config's capacity (closed loop as in 1, or SWEEP_CAPACITY req/s), as a
-# short burst (BURST_REQUESTS, 64) and sustained (SUSTAINED_REQUESTS, 256) Poisson
-# arrivals (SWEEP_SHAPES, "burst sustained", picks which); REPEATS (3) runs per cell, each config on a fresh server, the two on the same
+# short burst (BURST_REQUESTS, 64) and sustained Poisson arrivals (SUSTAINED_S, 30 s of
+# them at the cell's rate, at least SUSTAINED_REQUESTS, 256: a fixed count would last
+# 18 s at 2x on a CPU with a capacity of 7 req/s but under 5 s, barely past the 3 s TTFT
+# target, on one with 27) (SWEEP_SHAPES, "burst sustained", picks which); REPEATS (3) runs per cell, each config on a fresh server, the two on the same
 # requests (seed SEED + repeat), which goes first alternating; per cell the medians of
 # goodput (their ratio), requests within the SLO, 429s and 503s, and the slo server's
 # regretted refusals (orchestrator_admission_regretted_refusals_total). Its last line:
 #   served sweep slo/default goodput, burst: 0.5x <A>x, ...; sustained: 0.5x <B>x, ...
-# A smoke run: SWEEP_ONLY=1 SWEEP_LOADS=4 BURST_REQUESTS=8 SUSTAINED_REQUESTS=16 REPEATS=1
+# A smoke run: SWEEP_ONLY=1 SWEEP_LOADS=4 BURST_REQUESTS=8 SUSTAINED_REQUESTS=16 SUSTAINED_S=0 REPEATS=1
 # SWEEP_CAPACITY=4 (no capacity run).
 #
 # The SLO judged is the interactive class's (SLO_TTFT_MS / SLO_TPOT_MS). Last line:
@@ -33,7 +35,7 @@
 # Settings (environment): CONFIG_SLO, PORT, CAPACITY_REQUESTS, CONCURRENCY, DURATION_S,
 # LOAD, INPUT_LEN, OUTPUT_LEN, SEED, SLO_TTFT_MS, SLO_TPOT_MS, OUT, READY_TIMEOUT_S, ORCHESTRATOR, PYTHON,
 # and for the sweep SWEEP, SWEEP_ONLY, CONFIG_DEFAULT, SWEEP_LOADS, BURST_REQUESTS,
-# SUSTAINED_REQUESTS, SWEEP_SHAPES, REPEATS, SWEEP_CAPACITY.
+# SUSTAINED_REQUESTS, SUSTAINED_S, SWEEP_SHAPES, REPEATS, SWEEP_CAPACITY.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +61,7 @@ SWEEP_LOADS=${SWEEP_LOADS:-0.5 1 2 4}
 SWEEP_SHAPES=${SWEEP_SHAPES:-burst sustained}
 BURST_REQUESTS=${BURST_REQUESTS:-64}
 SUSTAINED_REQUESTS=${SUSTAINED_REQUESTS:-256}
+SUSTAINED_S=${SUSTAINED_S:-30}
 REPEATS=${REPEATS:-3}
 SWEEP_CAPACITY=${SWEEP_CAPACITY:-}
 
@@ -139,10 +142,12 @@ sweep() {
     fi
     local shape n load rate r cell first second turn=0
     for shape in $SWEEP_SHAPES; do
-        n=$BURST_REQUESTS
-        [[ $shape == sustained ]] && n=$SUSTAINED_REQUESTS
         for load in $SWEEP_LOADS; do
             rate=$("$PY" -c "print(round($capacity * $load, 3))")
+            n=$BURST_REQUESTS
+            if [[ $shape == sustained ]]; then
+                n=$("$PY" -c "print(max($SUSTAINED_REQUESTS, round($rate * $SUSTAINED_S)))")
+            fi
             for ((r = 0; r < REPEATS; r++)); do
                 cell="sweep/$shape-${load}x-r$r"
                 # Which config goes first alternates, so a drifting machine favours neither.
