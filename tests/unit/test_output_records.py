@@ -1,4 +1,5 @@
-"""The keyword builders of the per-step records pass every field to its own slot."""
+"""The keyword builders of the per-step records pass every field to its own slot, and a
+decode's plan entry carries a shared one-token tuple."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from orchestrator.core.output import (
     request_output,
     scheduled_request,
 )
+from orchestrator.core.request import Request
 
 PAIRS = [(ScheduledRequest, scheduled_request), (RequestOutput, request_output)]
 
@@ -39,3 +41,15 @@ def test_a_built_record_equals_the_class_built_by_name_field_for_field(
     assert type(built) is record
     assert built == record(**values)
     assert {name: getattr(built, name) for name in record._fields} == values
+
+
+def test_a_decodes_plan_entry_shares_one_immutable_tuple_per_token() -> None:
+    a, b = Request("a", [1, 2, 3]), Request("b", [4, 5])
+    a.output_token_ids += [7, 9]
+    b.output_token_ids += [9]
+    # One output position: the same tuple for the same token, whatever the request.
+    assert a.token_ids(4, 5) == (9,) and a.token_ids(4, 5) is b.token_ids(2, 3)
+    assert a.token_ids(3, 4) == (7,)
+    # Longer spans are the tokens as lists, prompt then output.
+    assert a.token_ids(2, 5) == [3, 7, 9] and a.token_ids(0, 2) == [1, 2]
+    assert a.token_ids(3, 5) == [7, 9]
