@@ -11,11 +11,16 @@ policies) also runs that commit's own copy of this script from a temporary git w
 alternating rounds with this tree's, and prints the per-cell ratio new/old of the
 medians; ``--baseline none`` skips it. The last line then states the ratio at 256
 running. Prefix hashing cost (SHA-256 chained over a 2,048-token prompt) is printed too.
+
+``--no-gc`` times this tree's steps with CPython's cyclic collector off (collecting
+between cells), to show what the collector adds at each size; use it with ``--baseline
+none``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import statistics
@@ -79,18 +84,25 @@ def step(sched: Scheduler, now: float) -> tuple[float, float]:
     return (t1 - t0) + (t3 - t2), now + 0.04
 
 
-def measure(running: int, waiting: int, policy: str, steps: int) -> float:
-    """Median microseconds per step."""
+def measure(running: int, waiting: int, policy: str, steps: int, collector: bool = True) -> float:
+    """Median microseconds per step (with CPython's cyclic collector off during the
+    steps unless ``collector``)."""
     sched, now = build(running, waiting, policy)
     times = []
-    for _ in range(steps):
-        dt, now = step(sched, now)
-        times.append(dt)
+    if not collector:
+        gc.disable()
+    try:
+        for _ in range(steps):
+            dt, now = step(sched, now)
+            times.append(dt)
+    finally:
+        gc.enable()
+        gc.collect()
     assert sched.num_running == running and sched.num_waiting == waiting
     return statistics.median(times) * 1e6
 
 
-def table(steps: int) -> dict[Cell, float]:
+def table(steps: int, collector: bool = True) -> dict[Cell, float]:
     """Median us per step for every (policy, running, waiting) cell, printed as it goes."""
     results: dict[Cell, float] = {}
     print(
@@ -101,7 +113,7 @@ def table(steps: int) -> dict[Cell, float]:
     for policy in ("fcfs", "priority"):
         for running in (64, 256, 1024):
             for waiting in (0, 10_000):
-                us = measure(running, waiting, policy, steps)
+                us = measure(running, waiting, policy, steps, collector)
                 results[(policy, running, waiting)] = us
                 print(
                     f"{policy:>8} {running:>8} {waiting:>8} {us:>12.1f} {us / running:>11.2f}"
@@ -155,6 +167,9 @@ def main() -> None:
     parser.add_argument(
         "--baseline", default=DEFAULT_BASELINE, help="git revision to compare with, or none"
     )
+    parser.add_argument(
+        "--no-gc", action="store_true", help="time this tree with the cyclic collector off"
+    )
     args = parser.parse_args()
     compare = args.baseline != "none"
     ours: list[dict[Cell, float]] = []
@@ -179,7 +194,7 @@ def main() -> None:
         try:
             for i in range(args.rounds if compare else 1):
                 print(f"-- this tree, round {i + 1}", flush=True)
-                ours.append(table(args.steps))
+                ours.append(table(args.steps, collector=not args.no_gc))
                 if compare:
                     print(f"-- baseline {args.baseline}, round {i + 1}", flush=True)
                     theirs.append(baseline_table(worktree, args.steps))
