@@ -13,7 +13,7 @@ medians; ``--baseline none`` skips it. The last line then states the ratio at 25
 running. Prefix hashing cost (SHA-256 chained over a 2,048-token prompt) is printed too.
 
 ``--no-gc`` times this tree's steps with CPython's cyclic collector off (collecting
-between cells), to show what the collector adds at each size; use it with ``--baseline
+between cells), to show what the collector adds at each size; it needs ``--baseline
 none``.
 """
 
@@ -172,6 +172,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     compare = args.baseline != "none"
+    if args.no_gc and compare:
+        # The baseline's own script runs with the collector on: new/old would mislead.
+        parser.error("--no-gc times this tree alone: pass --baseline none")
     ours: list[dict[Cell, float]] = []
     theirs: list[dict[Cell, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
