@@ -32,6 +32,12 @@ class TorchExecutorConfig(BaseModel):
       stored in bfloat16; needs a CPU where oneDNN runs bfloat16), or ``auto`` (the
       default: bfloat16 where ``dtype: auto`` chose float32 on a CPU with native
       bfloat16, else the model's dtype). A bfloat16 model's matmuls are bfloat16.
+    - ``kv_cache_dtype``: what the paged KV cache stores, as vLLM's ``--kv-cache-dtype``:
+      ``float32``, ``bfloat16`` or ``float16`` (the float32 model's; a bfloat16 model's
+      cache is bfloat16), or ``auto`` (the default: bfloat16 with bfloat16 matmuls,
+      float16 for the float32 model over compact weights on the avx2 kernels and up,
+      else the model's dtype; ``precision.py``). A 16-bit cache halves the bytes a decode
+      step's attention reads and the pool's memory per token.
     - ``kernels``: ``auto`` loads the CPU kernels of the highest ISA level this CPU runs
       (``ORCHESTRATOR_CPU_ISA`` forces a lower one), prebuilt or built on first use with
       the system C++ compiler, and falls back to torch ops where none loads; ``torch``
@@ -57,6 +63,7 @@ class TorchExecutorConfig(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     weights: Literal["auto", "dense", "int8", "bfloat16"] = "auto"
     matmul_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     kernels: Literal["auto", "torch"] = "auto"
     cuda_graphs: bool = True
     num_threads: int | None = Field(None, ge=1)

@@ -93,6 +93,7 @@ class TorchExecutor:
         grammar: GrammarBackend | None = None,
         matmul_dtype: Literal["auto", "float32", "bfloat16"] = "float32",
         compact_max_rows: int | None = None,
+        kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
     ) -> None:
         """Serve ``weights`` (shared, never modified) with a fresh KV pool of
         ``num_blocks`` blocks of ``block_size`` tokens on the weights' device. ``seed``
@@ -100,7 +101,8 @@ class TorchExecutor:
         fresh entropy). ``grammar``: the constraint backend (``None``: none enforced).
         ``matmul_dtype``: what the float32 model's dense matmuls compute in
         (``precision.resolve_matmul_dtype``). ``compact_max_rows``: the most rows a step
-        may have for compact weights (``None``: measured at start, ``row_bound.py``)."""
+        may have for compact weights (``None``: measured at start, ``row_bound.py``).
+        ``kv_cache_dtype``: what the KV cache stores (``precision.resolve_kv_cache_dtype``)."""
         import torch
 
         from plugins.torch_executor.compact import WeightFormat
@@ -117,7 +119,9 @@ class TorchExecutor:
         self.eos_token_ids = args.eos_token_ids
         self._num_blocks = num_blocks
         rng = _generator(seed)
-        self.plan, loaded = _resolve(weights, kernels, weights_format, matmul_dtype, kernel_dir)
+        self.plan, loaded = _resolve(
+            weights, kernels, weights_format, (matmul_dtype, kv_cache_dtype), kernel_dir
+        )
         self.grammar = grammar
         matchers = _matchers(grammar, args.vocab_size)
         runner = ModelRunner(
@@ -132,6 +136,7 @@ class TorchExecutor:
             matchers,
             compact_max_rows=compact_max_rows,
             matmul_dtype=getattr(torch, self.plan.matmul_dtype),
+            kv_dtype=getattr(torch, self.plan.kv_cache_dtype),
         )
         self._runner: ModelRunner | None = runner
         self.platform = self.plan.platform(runner.compact_max_rows)
@@ -152,7 +157,6 @@ class TorchExecutor:
         import torch
 
         from plugins.torch_executor.paged import PagedKVCache
-        from plugins.torch_executor.runner import kv_cache_dtype
         from plugins.torch_executor.weights import load_weights
 
         options = (
@@ -172,11 +176,12 @@ class TorchExecutor:
         # (the executor resolves its plan again from what did load).
         planned = plan_options(options, CpuPlatform.read())
         log.info(
-            "torch executor dtype %s (%s), matmuls %s (%s)",
+            "torch executor dtype %s (%s), matmuls %s (%s), KV cache %s (%s)",
             planned.dtype, planned.dtype_why, planned.matmul_dtype, planned.matmul_why,
+            planned.kv_cache_dtype, planned.kv_cache_why,
         )  # fmt: skip
         dtype = getattr(torch, planned.dtype)
-        kv_dtype = kv_cache_dtype(dtype, getattr(torch, planned.matmul_dtype))
+        kv_dtype = getattr(torch, planned.kv_cache_dtype)
         weights = load_weights(engine.model, options.cache_path, dtype, options.device)
         block_size = engine.cache.block_size
         if options.device == "cuda":
@@ -205,6 +210,7 @@ class TorchExecutor:
             weights_format=options.weights,
             grammar=grammar,
             matmul_dtype=planned.matmul_dtype,
+            kv_cache_dtype=planned.kv_cache_dtype,
         )
 
     @classmethod
@@ -273,14 +279,14 @@ def _resolve(
     weights: LlamaWeights,
     kernels: Literal["auto", "torch"],
     weights_format: str,
-    matmul_dtype: str,
+    dtypes: tuple[str, str],
     kernel_dir: Path | None,
 ) -> tuple[ExecutorPlan, Kernels | None]:
     """The plan ``weights`` run with, and the CPU kernels it runs (``None``: torch ops):
     with ``kernels: auto``, on the CPU, in a dtype they have a variant for, those that
     load (``native.load_kernels``, which falls back to a lower variant); the weight
-    format and the matmuls' dtype as ``weights_format`` and ``matmul_dtype`` ask where
-    the model, the CPU and the kernels allow them."""
+    format, the matmuls' and the KV cache's dtypes as ``weights_format`` and ``dtypes``
+    (matmuls, KV cache) ask where the model, the CPU and the kernels allow them."""
     import torch
 
     from plugins.torch_executor import native
@@ -296,8 +302,9 @@ def _resolve(
         (dtype, "the weights'"),
         variant,
         weights_format,
-        (matmul_dtype, dtype),
+        (dtypes[0], dtype),
         CpuPlatform.read(),
+        dtypes[1],
     )
     return plan, loaded
 

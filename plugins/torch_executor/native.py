@@ -49,6 +49,15 @@ from plugins.torch_executor.linear import Linear
 COMPACT_MAX_ROWS = 16
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+# The float32 model's narrower KV caches.
+_KV_SUFFIX = {torch.bfloat16: "_bf16kv", torch.float16: "_f16kv"}
+
+
+def kv_suffix(cache: torch.dtype) -> str:
+    """What the float32 model's exports over a ``cache`` KV cache add to their name."""
+    return "" if cache == torch.float32 else _KV_SUFFIX[cache]
+
+
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _SIGNATURES: dict[str, list[type]] = {
@@ -216,11 +225,12 @@ class Kernels:
         self, name: str, dtype: torch.dtype, cache: torch.dtype | None = None
     ) -> Callable[..., None]:
         """The export of ``name`` for ``dtype``, over a KV cache of ``cache`` (``None``:
-        the same dtype; bfloat16 for float32: the ``_bf16kv`` exports)."""
+        the same dtype; bfloat16 or float16 for float32: the ``_bf16kv`` and ``_f16kv``
+        exports)."""
         suffix = _SUFFIX[dtype]
         if cache is not None and cache != dtype:
-            assert dtype == torch.float32 and cache == torch.bfloat16
-            suffix += "_bf16kv"
+            assert dtype == torch.float32 and cache in _KV_SUFFIX
+            suffix += _KV_SUFFIX[cache]
         fn: Callable[..., None] = getattr(self.lib, f"{name}_{suffix}")
         return fn
 
@@ -291,7 +301,7 @@ class Kernels:
         ``v_cache``: ``[kv_heads, num_blocks, block_size, head_dim]``; ``head_dim <= 512``.
         Writes K (rotated) and V at ``slots``; returns the rotated queries ``[n, heads,
         head_dim]`` and, with ``return_k``, the rotated keys ``[n, kv_heads, head_dim]``.
-        The caches may be bfloat16 for float32 ``qkv``: K and V are rounded as stored,
+        The caches may be bfloat16 or float16 for float32 ``qkv``: K and V are rounded as stored,
         and the keys returned are as the cache holds them."""
         qkv = qkv.contiguous()
         n = qkv.shape[0]
@@ -320,7 +330,7 @@ class Kernels:
         ``[num_seqs, max_blocks]`` block ids; ``seqs``: ``[n]`` the row of ``tables`` of
         each query; ``lens``: ``[n]`` keys each query sees (positions ``0 .. lens - 1``),
         each in ``1 .. max_len``. Returns ``[n, heads, head_dim]``. The caches may be
-        bfloat16 for float32 ``q`` (read as float32)."""
+        bfloat16 or float16 for float32 ``q`` (read as float32)."""
         q = q.contiguous()
         n, heads, hd = q.shape
         kv_heads, num_blocks, _, bs = k_cache.shape
@@ -378,17 +388,19 @@ def _bind(lib: ctypes.CDLL, variant: kernel_build.Variant) -> Kernels:
     for name, argtypes in _COMPACT_SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, None
-    # The float32 model's bfloat16 outputs and caches (bfloat16 matmuls, bfloat16 KV).
-    for name, export in (
-        ("rms_norm", "rms_norm_f32_bf16"),
-        ("rope_store", "rope_store_f32_bf16kv"),
-        ("paged_attention", "paged_attention_f32_bf16kv"),
-    ):
+    # The float32 model's bfloat16 outputs (bfloat16 matmuls) and 16-bit KV caches.
+    exports = [("rms_norm", "rms_norm_f32_bf16")]
+    for kv in _KV_SUFFIX.values():
+        exports += [
+            ("rope_store", f"rope_store_f32{kv}"),
+            ("paged_attention", f"paged_attention_f32{kv}"),
+        ]
+    for name, export in exports:
         fn = getattr(lib, export)
         fn.argtypes, fn.restype = _SIGNATURES[name], None
     lib.sample_rows_f32.argtypes = [_P] * 4 + [_I] * 2 + [ctypes.c_int]
     lib.sample_rows_f32.restype = None
-    for name in ("decode_stack_f32", "decode_stack_f32_bf16kv"):
+    for name in ("decode_stack_f32", *(f"decode_stack_f32{kv}" for kv in _KV_SUFFIX.values())):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = _STACK_SIGNATURE, None
     tiles = False

@@ -22,9 +22,11 @@ from plugins.torch_executor.config import TorchExecutorConfig
 from plugins.torch_executor.cpu_features import CpuFeatures, cpu_model, detect
 from plugins.torch_executor.precision import (
     Dtype,
+    KVCacheDtype,
     MatmulDtype,
     WeightsName,
     resolve_dtype,
+    resolve_kv_cache_dtype,
     resolve_matmul_dtype,
     resolve_weights,
 )
@@ -59,7 +61,8 @@ class ExecutorPlan:
     """One executor's choices: ``device`` (``cpu`` or ``cuda``), ``dtype`` (activations,
     KV cache and dense weights) and why, ``kernels`` (the CPU kernels' variant, or
     ``TORCH_OPS``), ``weights`` (how the projections are stored) and why,
-    ``matmul_dtype`` (what the dense matmuls compute in) and why, on ``cpu``."""
+    ``matmul_dtype`` (what the dense matmuls compute in) and why, ``kv_cache_dtype``
+    (what the KV cache stores) and why, on ``cpu``."""
 
     device: str
     dtype: Dtype
@@ -69,6 +72,8 @@ class ExecutorPlan:
     weights_why: str
     matmul_dtype: MatmulDtype
     matmul_why: str
+    kv_cache_dtype: KVCacheDtype
+    kv_cache_why: str
     cpu: CpuPlatform
 
     @property
@@ -91,6 +96,11 @@ class ExecutorPlan:
             ("weights", self.weights),
             *((("compact_max_rows", str(compact_max_rows)),) if self.weights != "dense" else ()),
             *((("matmul_dtype", self.matmul_dtype),) if self.matmul_dtype != self.dtype else ()),
+            *(
+                (("kv_cache_dtype", self.kv_cache_dtype),)
+                if self.kv_cache_dtype != self.dtype
+                else ()
+            ),
             ("kernels", self.kernels),
             ("cpu", self.cpu.model),
             ("cpu_features", self.cpu.feature_names if self.on_cpu else "none"),
@@ -113,6 +123,7 @@ class ExecutorPlan:
                 "be prebuilt)",
             ),
             ("matmul_dtype", f"{self.matmul_dtype} ({self.matmul_why})"),
+            ("kv_cache_dtype", f"{self.kv_cache_dtype} ({self.kv_cache_why})"),
         )
 
 
@@ -138,6 +149,7 @@ def plan_options(options: TorchExecutorConfig, cpu: CpuPlatform) -> ExecutorPlan
         options.weights,
         (options.matmul_dtype, options.dtype),
         cpu,
+        options.kv_cache_dtype,
     )
 
 
@@ -148,15 +160,20 @@ def resolve_plan(
     weights: str,
     matmul_dtype: tuple[str, str],
     cpu: CpuPlatform,
+    kv_cache_dtype: str = "auto",
 ) -> ExecutorPlan:
     """The plan of an executor on ``device`` in ``dtype`` (with why) running ``kernels``
     (a variant that loaded, or ``TORCH_OPS``), its dense matmuls in what ``matmul_dtype``
     asks (``auto``, ``float32`` or ``bfloat16``, with the dtype that was asked for: an
     ``auto`` matmul dtype follows ``dtype: auto`` only; the features are those the
     selected kernel variant assumes), its weights stored as ``weights`` asks (``auto``,
-    ``dense``, ``int8`` or ``bfloat16``); ``ValueError`` for a choice the model or the
-    machine cannot use."""
+    ``dense``, ``int8`` or ``bfloat16``), its KV cache in what ``kv_cache_dtype`` asks
+    (``auto``, ``float32``, ``bfloat16`` or ``float16``); ``ValueError`` for a choice the
+    model or the machine cannot use."""
     features = kernel_build.effective(cpu.features)
     matmul, matmul_why = resolve_matmul_dtype(*matmul_dtype, dtype[0], device, features)
     fmt, fmt_why = resolve_weights(weights, dtype[0], device, kernels != TORCH_OPS, matmul)
-    return ExecutorPlan(device, dtype[0], dtype[1], kernels, fmt, fmt_why, matmul, matmul_why, cpu)
+    kv, kv_why = resolve_kv_cache_dtype(kv_cache_dtype, dtype[0], matmul, fmt, kernels)
+    return ExecutorPlan(
+        device, dtype[0], dtype[1], kernels, fmt, fmt_why, matmul, matmul_why, kv, kv_why, cpu
+    )

@@ -22,6 +22,13 @@ config and this CPU's features, with the reason, before anything loads.
   bar (docs/torch_executor.md and its test); ``dense`` otherwise. Compact formats need
   the float32 model and the CPU kernels.
 
+- ``kv_cache_dtype``: what the KV cache stores. ``auto``: bfloat16 where the model or its
+  matmuls are bfloat16 (K and V already carry bfloat16 rounding); float16 for the float32
+  model over compact weights on a kernel variant with F16C (avx2 and up), whose decode
+  steps read the cache more than the weights at 64 rows of a few hundred tokens, and
+  which met the accuracy bar there where bfloat16 did not (docs/torch_executor.md); the
+  model's dtype otherwise. A bfloat16 model's cache is bfloat16.
+
 Features are those the selected kernel variant assumes (``kernel_build.effective``), so
 ``ORCHESTRATOR_CPU_ISA=avx2`` makes an AVX-512 or AMX machine choose as an AVX2 one does.
 """
@@ -35,6 +42,9 @@ from plugins.torch_executor.cpu_features import CpuFeatures
 Dtype = Literal["float32", "bfloat16"]
 WeightsName = Literal["dense", "int8", "bfloat16"]
 MatmulDtype = Literal["float32", "bfloat16"]
+KVCacheDtype = Literal["float32", "bfloat16", "float16"]
+# Kernel variants without F16C, whose float16 conversions would be scalar code.
+_NO_F16C = ("portable", "torch")
 
 
 def resolve_dtype(requested: str, device: str, features: CpuFeatures) -> tuple[Dtype, str]:
@@ -115,3 +125,26 @@ def resolve_matmul_dtype(
     if device == "cpu" and features.native_bfloat16:
         return "bfloat16", "auto: native bfloat16"
     return "float32", "auto: no native bfloat16" if device == "cpu" else "auto: not on cpu"
+
+
+def resolve_kv_cache_dtype(
+    requested: str, dtype: Dtype, matmul_dtype: MatmulDtype, weights: WeightsName, kernels: str
+) -> tuple[KVCacheDtype, str]:
+    """``requested`` (``auto``, ``float32``, ``bfloat16`` or ``float16``) for a ``dtype``
+    model whose dense matmuls compute in ``matmul_dtype`` over ``weights`` on ``kernels``
+    (a kernel variant, or ``torch``) -> what its KV cache stores and why (module doc);
+    ``ValueError`` for a cache the bfloat16 model cannot use."""
+    if dtype == "bfloat16":
+        if requested not in ("auto", "bfloat16"):
+            raise ValueError(
+                f"executor.kv_cache_dtype {requested} needs dtype float32: the bfloat16 "
+                "model's KV cache is bfloat16. Use kv_cache_dtype: auto"
+            )
+        return "bfloat16", "the model's dtype"
+    if requested != "auto":
+        return requested, "configured"  # type: ignore[return-value]
+    if matmul_dtype == "bfloat16":
+        return "bfloat16", "auto: bfloat16 matmuls"
+    if weights != "dense" and kernels not in _NO_F16C:
+        return "float16", f"auto: compact weights on the {kernels} kernels"
+    return "float32", "auto: the model's dtype"

@@ -91,8 +91,9 @@ class ModelRunner:
     else ``paged.KERNEL_MAX_ROWS``, or 1 without the kernels.
     ``matmul_dtype``: what the projections compute in where the compact weights do not
     take them (``None``: the weights' dtype); ``torch.bfloat16`` for float32 weights runs
-    them as ``linear.bfloat16_linear`` (float32 activations and residual sums) and keeps
-    the KV cache in bfloat16 (``kv_cache_dtype``).
+    them as ``linear.bfloat16_linear`` (float32 activations and residual sums).
+    ``kv_dtype``: what the KV cache stores (``None``: ``kv_cache_dtype``'s rule); a
+    float32 model's may be narrower (bfloat16, float16), another model's is its dtype.
     """
 
     def __init__(
@@ -109,6 +110,7 @@ class ModelRunner:
         compact_max_rows: int | None = None,
         kernel_max_rows: int | None = None,
         matmul_dtype: torch.dtype | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.weights = weights
         self.matchers = matchers
@@ -128,7 +130,9 @@ class ModelRunner:
         if bf16_matmuls and self.device.type != "cpu":
             raise ValueError("bfloat16 matmuls for float32 weights run on the CPU only")
         self.dense = BFLOAT16 if bf16_matmuls else DENSE
-        kv_dtype = kv_cache_dtype(weights.dtype, matmul_dtype)
+        kv_dtype = kv_dtype or kv_cache_dtype(weights.dtype, matmul_dtype)
+        if weights.dtype != torch.float32 and kv_dtype != weights.dtype:
+            raise ValueError(f"a {kv_dtype} KV cache needs float32 weights, not {weights.dtype}")
         self.cache = PagedKVCache(weights.args, num_blocks, block_size, kv_dtype, self.device)
         self.rope = RotaryTable(weights.args, max_model_len, weights.dtype, self.device)
         self.sampler = Sampler(rng, self.kernels)

@@ -12,7 +12,7 @@ It runs a step whose rows all attend through the paged kernel (no SDPA chunk) wh
 op-by-op path would run every layer through the kernels:
 
 - the float32 model over weights in a compact format (``compact.py``) whose layout every
-  projection has, over a float32 or bfloat16 KV cache (``matmul_dtype: bfloat16``), for
+  projection has, over a float32, bfloat16 or float16 KV cache (``kv_cache_dtype``), for
   steps few enough rows for the compact projections (the bound the runner measured,
   ``row_bound.py``; longer ones take oneDNN's matmuls, one op at a time);
 - the bfloat16 model with every layer projection on AMX tiles (``tile_linear``), which
@@ -28,7 +28,7 @@ import torch
 
 from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.linear import Linear
-from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
+from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels, kv_suffix
 from plugins.torch_executor.paged import PagedKVCache, StepBatch
 from plugins.torch_executor.weights import LlamaWeights
 
@@ -104,11 +104,7 @@ class DecodeStack:
             return None
         if not all(applies(fmt, x.out_features, x.in_features) for x in linears):
             return None
-        run = (
-            kernels.lib.decode_stack_f32
-            if cache.k[0].dtype == torch.float32
-            else kernels.lib.decode_stack_f32_bf16kv
-        )
+        run = getattr(kernels.lib, f"decode_stack_f32{kv_suffix(cache.k[0].dtype)}")
 
         def compact(linear: Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
             w = linear.compact_weight(fmt)

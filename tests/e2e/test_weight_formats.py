@@ -37,8 +37,9 @@ def float32_logits(
 
 
 # (weights, matmul_dtype): what ``weights: auto`` picks for the float32 model with float32
-# matmuls (int8), the other compact format, and what it picks with bfloat16 matmuls and
-# KV cache (``dtype: auto`` where bfloat16 is native without AMX): bfloat16 weights. int8
+# matmuls (int8, over the float16 KV cache ``kv_cache_dtype: auto`` then picks), the other
+# compact format (the same cache), and what it picks with bfloat16 matmuls and KV cache
+# (``dtype: auto`` where bfloat16 is native without AMX): bfloat16 weights. int8
 # weights with bfloat16 matmuls fell just under the bar (docs/torch_executor.md), so
 # ``auto`` does not pick them and they are not held to it here.
 SETUPS = [("int8", "float32"), ("bfloat16", "float32"), ("bfloat16", "bfloat16")]
@@ -57,6 +58,10 @@ def compact_logits(
     executor = executor_for(weights_f32, fmt, 1024, matmul_dtype)
     if executor.runner.kernels is None:
         pytest.skip("the CPU kernels cannot be built here (no C++ compiler)")
+    expected_kv = "bfloat16" if matmul_dtype == "bfloat16" else "float16"
+    if executor.plan.kernels == "portable":
+        expected_kv = "float32"  # no F16C
+    assert executor.plan.kv_cache_dtype == expected_kv, executor.plan
     return f"{fmt}/{matmul_dtype}", teacher_forced_logits(executor, prompts, continuations)
 
 

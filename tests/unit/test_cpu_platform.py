@@ -12,7 +12,12 @@ import pytest
 
 from plugins.torch_executor import kernel_build
 from plugins.torch_executor.cpu_features import CpuFeatures, cpu_model, detect
-from plugins.torch_executor.precision import resolve_dtype, resolve_matmul_dtype, resolve_weights
+from plugins.torch_executor.precision import (
+    resolve_dtype,
+    resolve_kv_cache_dtype,
+    resolve_matmul_dtype,
+    resolve_weights,
+)
 
 AVX2 = CpuFeatures(avx2=True, fma=True, f16c=True)
 AVX512 = CpuFeatures(
@@ -180,6 +185,32 @@ def test_weight_formats() -> None:
         resolve_weights("int8", "bfloat16", "cpu", kernels_loaded=True)
     with pytest.raises(ValueError, match="needs the CPU kernels"):
         resolve_weights("int8", "float32", "cpu", kernels_loaded=False)
+
+
+def test_kv_cache_dtype() -> None:
+    # The float32 model over compact weights on kernels with F16C: float16.
+    for kernels in ("avx2", "avx512", "amx"):
+        assert resolve_kv_cache_dtype("auto", "float32", "float32", "int8", kernels) == (
+            "float16",
+            f"auto: compact weights on the {kernels} kernels",
+        )
+    assert resolve_kv_cache_dtype("auto", "float32", "float32", "int8", "portable")[0] == "float32"
+    assert resolve_kv_cache_dtype("auto", "float32", "float32", "dense", "avx2")[0] == "float32"
+    assert resolve_kv_cache_dtype("auto", "float32", "float32", "dense", "torch")[0] == "float32"
+    # bfloat16 matmuls: the cache they already round K and V to.
+    assert resolve_kv_cache_dtype("auto", "float32", "bfloat16", "bfloat16", "avx512")[0] == (
+        "bfloat16"
+    )
+    assert resolve_kv_cache_dtype("float32", "float32", "bfloat16", "bfloat16", "avx512") == (
+        "float32",
+        "configured",
+    )
+    assert resolve_kv_cache_dtype("float16", "float32", "float32", "dense", "torch")[0] == (
+        "float16"
+    )
+    assert resolve_kv_cache_dtype("auto", "bfloat16", "bfloat16", "dense", "amx")[0] == "bfloat16"
+    with pytest.raises(ValueError, match="kv_cache_dtype float16 needs dtype float32"):
+        resolve_kv_cache_dtype("float16", "bfloat16", "bfloat16", "dense", "amx")
 
 
 def _fields(f: CpuFeatures) -> dict[str, bool]:

@@ -69,13 +69,21 @@ def engine_config(folder: Path, tmp_path: Path, **options: Any) -> EngineConfig:
     )
 
 
-def test_from_config_sizes_the_pool_from_the_memory_budget(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["float32", "float16"])
+def test_from_config_sizes_the_pool_from_the_memory_budget(
+    tmp_path: Path, kv_cache_dtype: str
+) -> None:
     folder = write_tiny_llama(tmp_path / "tiny")
-    config = engine_config(folder, tmp_path, dtype="float32", kv_cache_gib=0.001, seed=1)
+    config = engine_config(
+        folder, tmp_path, dtype="float32", kv_cache_gib=0.001, seed=1,
+        kv_cache_dtype=kv_cache_dtype,
+    )  # fmt: skip
     executor = TorchExecutor.from_config(config.executor.options, config)
     args = ModelArgs.from_hf_config(json.loads((folder / "config.json").read_text()))
-    per_block = PagedKVCache.bytes_per_block(args, 8, torch.float32)
-    assert per_block == 2 * 2 * 2 * 16 * 8 * 4
+    dtype = getattr(torch, kv_cache_dtype)
+    assert executor.runner.cache.k[0].dtype == dtype
+    per_block = PagedKVCache.bytes_per_block(args, 8, dtype)
+    assert per_block == 2 * 2 * 2 * 16 * 8 * dtype.itemsize
     assert executor.info().num_kv_blocks == int(0.001 * 2**30) // per_block
     assert executor.max_model_len == TINY_CONFIG["max_position_embeddings"]
     assert executor.eos_token_ids == (2,)

@@ -294,3 +294,17 @@ def test_bfloat16_matmuls_through_kernels_and_torch_ops_agree(tiny_folder: Path)
     )
     gap, where = largest_probability_gap(native, reference, seed=4)
     assert gap < 5e-3, where  # 0.002 seen (Zen 4)
+
+
+def test_a_float16_kv_cache_keeps_a_float32_model_close_to_float32(tiny_folder: Path) -> None:
+    """``kv_cache_dtype: float16``: K and V stored in float16 (10 mantissa bits to
+    bfloat16's 7), on the mixed steps, against the float32 cache."""
+    weights = load_folder(tiny_folder, torch.float32)
+    half = TorchExecutor(weights, block_size=BLOCK, num_blocks=64, kv_cache_dtype="float16")
+    assert ("kv_cache_dtype", "float16") in half.platform
+    assert half.runner.cache.k[0].dtype == torch.float16
+    full = TorchExecutor(weights, block_size=BLOCK, num_blocks=64, kv_cache_dtype="float32")
+    assert full.runner.cache.k[0].dtype == torch.float32
+    gap, where = largest_probability_gap(half, full, seed=3)
+    assert gap < 0.005, where
+

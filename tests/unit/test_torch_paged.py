@@ -118,16 +118,16 @@ def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: in
 
 # head_dim 64 with 16-token blocks takes the kernel's vectorised path, the others its
 # general one.
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("block", "head_dim"), [(4, 16), (16, 16), (16, 64)])
 def test_paged_attention_equals_dense_attention(
     block: int, head_dim: int, cache_dtype: torch.dtype, kernels_or_torch: Kernels | None
 ) -> None:
     """Three steps over scattered blocks: prefixes (a long chunk from 0, short ones),
     then mid-sequence chunks long and short, then decodes; every row against dense
-    causal attention over the request's whole sequence. With a bfloat16 cache (the
-    float32 model's, with bfloat16 matmuls) the cache holds K and V rounded to
-    bfloat16, and float32 queries attend over exactly those values."""
+    causal attention over the request's whole sequence. With a bfloat16 or float16
+    cache (the float32 model's narrower ones) the cache holds K and V rounded to it as
+    torch rounds, and float32 queries attend over exactly those values."""
     kernels = kernels_or_torch
     args = dataclasses.replace(ARGS, head_dim=head_dim)
     torch.manual_seed(0)
@@ -164,8 +164,11 @@ def test_paged_attention_equals_dense_attention(
             keys, values = gather_context(cache.k[0], cache.v[0], torch.tensor(tables[r]), b)
             keys, values = keys.transpose(0, 1).float(), values.transpose(0, 1).float()
             # K as rotated here, rounded as the cache stores it (the kernel rotates in
-            # float32 too, so a rounding may fall the other way: one bfloat16 step).
-            step_size = 1e-6 if cache_dtype == torch.float32 else 2**-8
+            # float32 too, so a rounding may fall the other way: one step of the cache's
+            # 16-bit type).
+            step_size = {torch.float32: 1e-6, torch.bfloat16: 2**-8, torch.float16: 2**-10}[
+                cache_dtype
+            ]
             assert torch.allclose(keys, k.to(cache_dtype).float(), rtol=step_size, atol=1e-6)
             assert torch.equal(values, v.to(cache_dtype).float())
             expected = dense_reference(q[a:b], keys, values, a)
@@ -324,7 +327,8 @@ def test_a_sampling_chunk_sends_its_last_block_through_the_kernel() -> None:
 @pytest.mark.parametrize(
     ("dtype", "cache_dtype", "tile_chunks"),
     [(torch.float32, torch.float32, False), (torch.bfloat16, torch.bfloat16, False),
-     (torch.float32, torch.bfloat16, False), (torch.bfloat16, torch.bfloat16, True)],
+     (torch.float32, torch.bfloat16, False), (torch.bfloat16, torch.bfloat16, True),
+     (torch.float32, torch.float16, False)],
 )  # fmt: skip
 def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
     kernels: Kernels, dtype: torch.dtype, cache_dtype: torch.dtype, tile_chunks: bool
@@ -333,7 +337,7 @@ def test_a_prompts_last_block_attends_the_same_on_the_prefix_cache(
     last block recomputed over its cached prefix, in a batch with other rows, on 1 and 2
     threads: the last block's attention is equal bit for bit, so the prefix cache cannot
     change the first token (head_dim 64: the vectorised kernel; 600 keys: two parts),
-    also for float32 queries over a bfloat16 cache, and with the rest of the prompt
+    also for float32 queries over a bfloat16 or float16 cache, and with the rest of the prompt
     attending on AMX tiles (``tile_chunks``)."""
     args = dataclasses.replace(ARGS, head_dim=64)
     if tile_chunks and not kernels.has_tile_attention(64, args.group_size, 16):

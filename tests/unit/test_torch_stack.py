@@ -1,7 +1,7 @@
 """The decode stack (every layer in one kernel call) against the same kernels run one op
 at a time: the same logits bit for bit, on every variant this CPU runs, both compact
-formats, both attention paths (vectorised at head_dim 64, general at 16), a float32 and a
-bfloat16 KV cache (float32 or bfloat16 matmuls past the compact bound), one and two
+formats, both attention paths (vectorised at head_dim 64, general at 16), a float32, a
+bfloat16 (with bfloat16 matmuls past the compact bound) and a float16 KV cache, one and two
 threads; the bfloat16 model's stack on AMX tiles the same way where the CPU has AMX; and
 it stays out of the steps it does not cover."""
 
@@ -78,13 +78,14 @@ def runner(
     max_rows: int = COMPACT_MAX_ROWS,
     kernel_rows: int = KERNEL_MAX_ROWS,
     matmul_dtype: torch.dtype | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> ModelRunner:
     # Runners compared route attention alike (a given bound, not one measured per
     # runner): what differs between them is only the stack.
     return ModelRunner(
         weights, 64, BLOCK, 256, torch.Generator().manual_seed(0), kernels,
         weights_format=fmt, compact_max_rows=max_rows, kernel_max_rows=kernel_rows,
-        matmul_dtype=matmul_dtype,
+        matmul_dtype=matmul_dtype, kv_dtype=kv_dtype,
     )  # fmt: skip
 
 
@@ -136,7 +137,11 @@ def assert_same_logits_every_step(
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("fmt", [WeightFormat.INT8, WeightFormat.BFLOAT16])
 @pytest.mark.parametrize("routing", ROUTINGS, ids=["fixed", "every-chunk"])
-@pytest.mark.parametrize("matmul_dtype", [None, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("matmul_dtype", "kv_dtype"),
+    [(None, torch.float32), (torch.bfloat16, torch.bfloat16), (None, torch.float16)],
+    ids=["float32", "bfloat16", "float16-kv"],
+)
 def test_the_stack_gives_the_op_by_op_logits_bit_for_bit(
     kernels: Kernels,
     weights: LlamaWeights,
@@ -144,11 +149,12 @@ def test_the_stack_gives_the_op_by_op_logits_bit_for_bit(
     threads: int,
     routing: tuple[int, int, int],
     matmul_dtype: torch.dtype | None,
+    kv_dtype: torch.dtype,
 ) -> None:
     max_rows, kernel_rows, num_stacked = routing
-    stacked = runner(weights, kernels, fmt, max_rows, kernel_rows, matmul_dtype)
-    op_by_op = runner(weights, kernels, fmt, max_rows, kernel_rows, matmul_dtype)
-    assert stacked.cache.k[0].dtype == (matmul_dtype or torch.float32)
+    stacked = runner(weights, kernels, fmt, max_rows, kernel_rows, matmul_dtype, kv_dtype)
+    op_by_op = runner(weights, kernels, fmt, max_rows, kernel_rows, matmul_dtype, kv_dtype)
+    assert stacked.cache.k[0].dtype == kv_dtype
     assert stacked.stack is not None
     counted = Counted(stacked.stack)
     stacked.stack = counted  # type: ignore[assignment]

@@ -105,25 +105,29 @@ extern "C" int64_t linear_int8_group() { return QGROUP; }
 EXPORT(f32, float)
 EXPORT(bf16, bf16)
 
-// The float32 model over a bfloat16 KV cache: K and V rounded as they are stored,
-// attention computed in float32 from them.
-extern "C" void rope_store_f32_bf16kv(const float* qkv, const int64_t* positions,
-                                      const float* cos, const float* sin, const int64_t* slots,
-                                      bf16* k, bf16* v, float* q_out, float* k_out, int64_t n,
-                                      int64_t heads, int64_t kv_heads, int64_t hd,
-                                      int64_t num_blocks, int64_t bs, int threads) {
-    rope_store<float, bf16>(qkv, positions, cos, sin, slots, k, v, q_out, k_out, n, heads,
-                            kv_heads, hd, num_blocks, bs, threads);
-}
-extern "C" void paged_attention_f32_bf16kv(const float* q, const bf16* k, const bf16* v,
-                                           const int64_t* tables, const int64_t* seqs,
-                                           const int64_t* lens, float* out, int64_t n,
-                                           int64_t heads, int64_t kv_heads, int64_t hd,
-                                           int64_t num_blocks, int64_t bs, int64_t max_blocks,
-                                           int64_t max_len, float scale, int threads) {
-    paged_attention<float, bf16>(q, k, v, tables, seqs, lens, out, n, heads, kv_heads, hd,
-                                 num_blocks, bs, max_blocks, max_len, scale, threads);
-}
+// The float32 model over a 16-bit KV cache (bfloat16 or float16): K and V rounded as
+// they are stored, attention computed in float32 from them.
+#define EXPORT_KV(NAME, C)                                                                     \
+    extern "C" void rope_store_f32_##NAME(const float* qkv, const int64_t* positions,          \
+                                          const float* cos, const float* sin,                  \
+                                          const int64_t* slots, C* k, C* v, float* q_out,      \
+                                          float* k_out, int64_t n, int64_t heads,              \
+                                          int64_t kv_heads, int64_t hd, int64_t num_blocks,    \
+                                          int64_t bs, int threads) {                           \
+        rope_store<float, C>(qkv, positions, cos, sin, slots, k, v, q_out, k_out, n, heads,    \
+                             kv_heads, hd, num_blocks, bs, threads);                           \
+    }                                                                                          \
+    extern "C" void paged_attention_f32_##NAME(                                                \
+        const float* q, const C* k, const C* v, const int64_t* tables, const int64_t* seqs,    \
+        const int64_t* lens, float* out, int64_t n, int64_t heads, int64_t kv_heads,           \
+        int64_t hd, int64_t num_blocks, int64_t bs, int64_t max_blocks, int64_t max_len,       \
+        float scale, int threads) {                                                            \
+        paged_attention<float, C>(q, k, v, tables, seqs, lens, out, n, heads, kv_heads, hd,    \
+                                  num_blocks, bs, max_blocks, max_len, scale, threads);        \
+    }
+
+EXPORT_KV(bf16kv, bf16)
+EXPORT_KV(f16kv, f16)
 
 // Sampling by temperature alone (sample_row, ops.h): out[r] drawn from softmax(logits[r] *
 // inv_temps[r]) by uniforms[r] in [0, 1); logits [rows, vocab] float32.

@@ -36,3 +36,7 @@ extern "C" void decode_stack_f32(STACK_ARGS(float)) {
 extern "C" void decode_stack_f32_bf16kv(STACK_ARGS(float)) {
     decode_stack_compact<bf16>(STACK_ARG_NAMES);
 }
+// Over a float16 KV cache (the float32 model with float32 matmuls, kv_cache_dtype).
+extern "C" void decode_stack_f32_f16kv(STACK_ARGS(float)) {
+    decode_stack_compact<f16>(STACK_ARG_NAMES);
+}

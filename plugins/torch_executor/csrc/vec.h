@@ -2,7 +2,7 @@
 //   AVX-512 (x86-64-v4 and up): W = 16, one __m512;
 //   AVX2 (x86-64-v3):           W = 8,  one __m256;
 //   portable (anything else):   W = 8,  a plain array the compiler vectorises as it can.
-// Loads widen bfloat16 and int8; stores to bfloat16 round to nearest even. Inputs are
+// Loads widen bfloat16, float16 and int8; stores to either round to nearest even. Inputs are
 // finite (no NaN handling). Every function is inline and free of state.
 // At the end, integer dot products over a block of 16 outputs (q_*), per level as well.
 #pragma once
@@ -31,6 +31,43 @@ template <> inline bf16 from_f<bf16>(float x) {
 }
 // Round through T: identity for float, one bfloat16 rounding otherwise.
 template <typename T> static inline float rnd(float x) { return to_f(from_f<T>(x)); }
+
+// IEEE binary16 (torch.float16): a KV cache type for the float32 model. A struct, so
+// overloads tell its bits from bfloat16's. Conversions as torch's casts: exact to float,
+// round to nearest even from it, past 65504 to infinity. F16C (every level but the
+// portable one) converts in hardware; the portable level in software.
+struct f16 { uint16_t bits; };
+#if defined(__F16C__)
+static inline float to_f(f16 x) { return _cvtsh_ss(x.bits); }
+template <> inline f16 from_f<f16>(float x) {
+    return {(uint16_t)_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+#else
+static inline float to_f(f16 x) {
+    const uint32_t sign = (uint32_t)(x.bits & 0x8000u) << 16;
+    const uint32_t exp = (x.bits >> 10) & 0x1Fu, man = x.bits & 0x3FFu;
+    if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
+        const float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    const uint32_t bits = exp == 31 ? 0x7F800000u | (man << 13) : ((exp + 112) << 23) | (man << 13);
+    return __builtin_bit_cast(float, sign | bits);
+}
+template <> inline f16 from_f<f16>(float x) {
+    uint32_t u = __builtin_bit_cast(uint32_t, x);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    u &= 0x7FFFFFFFu;
+    if (u >= 0x477FF000u) return {(uint16_t)(sign | 0x7C00u)};  // rounds past 65504: inf
+    if (u < 0x38800000u) {  // below 2^-14: a subnormal half, |x| * 2^24 rounded (exact product)
+        const float scaled = __builtin_bit_cast(float, u) * 16777216.0f;
+        return {(uint16_t)(sign | (uint16_t)std::nearbyint(scaled))};
+    }
+    // Rebias the exponent (127 -> 15) and round the low 13 mantissa bits to nearest even;
+    // a carry out of the mantissa moves into the exponent, as it should.
+    u += 0xC8000FFFu + ((u >> 13) & 1u);
+    return {(uint16_t)(sign | (u >> 13))};
+}
+#endif
 
 // exp for softmax: Cephes' single-precision polynomial after range reduction (about 1
 // ulp), branch-free; exactly 0 below -87 (masked keys).
@@ -90,6 +127,13 @@ static inline __m256i to_bf16(__m512 v) {
 }
 static inline void vstore(bf16* p, vf a) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(a.v));
+}
+static inline vf vload(const f16* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+static inline void vstore(f16* p, vf a) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 static inline vf operator+(vf a, vf b) { return {_mm512_add_ps(a.v, b.v)}; }
 static inline vf operator-(vf a, vf b) { return {_mm512_sub_ps(a.v, b.v)}; }
@@ -161,6 +205,13 @@ static inline __m128i to_bf16(__m256 v) {
 static inline void vstore(bf16* p, vf a) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16(a.v));
 }
+static inline vf vload(const f16* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+static inline void vstore(f16* p, vf a) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
 static inline vf operator+(vf a, vf b) { return {_mm256_add_ps(a.v, b.v)}; }
 static inline vf operator-(vf a, vf b) { return {_mm256_sub_ps(a.v, b.v)}; }
 static inline vf operator*(vf a, vf b) { return {_mm256_mul_ps(a.v, b.v)}; }
@@ -227,6 +278,8 @@ static inline vf vload(const bf16* p) { VEC_MAP(to_f(p[i])); }
 static inline vf vload(const int8_t* p) { VEC_MAP((float)p[i]); }
 static inline void vstore(float* p, vf a) { for (int i = 0; i < W; ++i) p[i] = a.v[i]; }
 static inline void vstore(bf16* p, vf a) { for (int i = 0; i < W; ++i) p[i] = from_f<bf16>(a.v[i]); }
+static inline vf vload(const f16* p) { VEC_MAP(to_f(p[i])); }
+static inline void vstore(f16* p, vf a) { for (int i = 0; i < W; ++i) p[i] = from_f<f16>(a.v[i]); }
 static inline vf operator+(vf a, vf b) { VEC_MAP(a.v[i] + b.v[i]); }
 static inline vf operator-(vf a, vf b) { VEC_MAP(a.v[i] - b.v[i]); }
 static inline vf operator*(vf a, vf b) { VEC_MAP(a.v[i] * b.v[i]); }
