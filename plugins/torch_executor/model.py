@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from plugins.torch_executor.buckets import pad_dim
 from plugins.torch_executor.compact import WeightFormat
 from plugins.torch_executor.linear import Linear, bfloat16_linear, bfloat16_linear_add
 from plugins.torch_executor.native import COMPACT_MAX_ROWS, Kernels
@@ -209,14 +210,19 @@ def decoder_layer(
     h: torch.Tensor,
     attention: Attention,
     ops: Ops = TORCH_OPS,
+    tokens: int | None = None,
 ) -> torch.Tensor:
-    """One pre-norm decoder layer on ``h``: ``[num_tokens, hidden]``; returns the same shape.
-    Both residual adds ride on the projection that feeds them (``ops.linear_add``)."""
+    """One pre-norm decoder layer on ``h``: ``[rows, hidden]``; returns the same shape.
+    Both residual adds ride on the projection that feeds them (``ops.linear_add``).
+    ``tokens``: how many of the rows are the step's tokens (``None``: all); the rest are
+    zero rows that ride along the projections (``forward_hidden``) and stay zero: only
+    the tokens reach attention."""
     n = h.shape[0]
     eps = args.rms_norm_eps
     qkv = ops.linear(w.qkv, ops.norm(h, w.input_norm, eps))  # [n, (heads + 2 kv_heads) hd]
-    attn = attention(index, qkv)  # [n, heads, head_dim]
-    h = ops.linear_add(w.o, attn.reshape(n, args.num_heads * args.head_dim), h)
+    attn = attention(index, qkv if tokens is None else qkv[:tokens])  # [tokens, heads, hd]
+    attn = attn.reshape(-1, args.num_heads * args.head_dim)
+    h = ops.linear_add(w.o, attn if tokens is None else pad_dim(attn, 0, n), h)
     x = ops.norm(h, w.post_norm, eps)
     if ops.gated is not None:
         act = ops.gated(w.gate_up, x)  # [n, intermediate]
@@ -230,13 +236,23 @@ def forward_hidden(
     token_ids: torch.Tensor,
     attention: Attention,
     ops: Ops = TORCH_OPS,
+    rows: int | None = None,
 ) -> torch.Tensor:
     """Hidden states before the final norm: ``[num_tokens, hidden]`` for ``token_ids``
-    (``[num_tokens]``, int64); positions are ``attention``'s."""
+    (``[num_tokens]``, int64); positions are ``attention``'s. ``rows``: run the layers'
+    projections at this many rows (at least ``num_tokens``; ``None``: exactly those),
+    the tokens' followed by zero rows. On the CPU oneDNN's matmuls run at bucketed row
+    counts (``buckets.padded_rows``): padding the step once here rather than each
+    matmul's input and residual saves their copies, 3% of a mixed step of 572 rows
+    (811 against 836 ms; float32 over int8 weights, avx2 kernels, 2 threads of an Intel
+    Xeon)."""
     h = weights.embed[token_ids]  # [num_tokens, hidden]
+    tokens = None if rows is None or rows == h.shape[0] else h.shape[0]
+    if tokens is not None:
+        h = pad_dim(h, 0, rows)  # type: ignore[arg-type]
     for i, layer in enumerate(weights.layers):
-        h = decoder_layer(i, layer, weights.args, h, attention, ops)
-    return h
+        h = decoder_layer(i, layer, weights.args, h, attention, ops, tokens)
+    return h if tokens is None else h[:tokens]
 
 
 def compute_logits(

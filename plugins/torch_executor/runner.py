@@ -10,6 +10,7 @@ import torch
 from orchestrator.core import ScheduledRequest, SchedulerOutput, TokenLogprobs
 from plugins.torch_executor import attention_bound, row_bound
 from plugins.torch_executor.attention_bound import AttentionBound
+from plugins.torch_executor.buckets import padded_rows
 from plugins.torch_executor.compact import WeightFormat, applies
 from plugins.torch_executor.cuda_graphs import DecodeGraphs
 from plugins.torch_executor.grammar import Matchers
@@ -150,6 +151,13 @@ class ModelRunner:
             torch_ops(self.dense)
             if self.kernels is None
             else kernel_ops(self.kernels, weights_format, compact_max_rows, self.dense)
+        )
+        # On the CPU oneDNN runs the layers' projections that neither the compact weights
+        # nor AMX tiles (the bfloat16 model's, Kernels.linear) take.
+        self._onednn_projections = self.device.type == "cpu" and not (
+            self.kernels is not None
+            and self.kernels.has_tile_linear
+            and all(x.has_tile_layout for layer in weights.layers for x in layer.linears)
         )
         # Small steps run every layer in one kernel call where it can (stack.py).
         self.stack = DecodeStack.for_model(
@@ -292,7 +300,9 @@ class ModelRunner:
             hidden = self.stack(self.weights.embed[tokens], step, self.rope.cos, self.rope.sin)
         else:
             attention = PagedAttention(self.cache, step, self.args, self.rope, self.kernels)
-            hidden = forward_hidden(self.weights, tokens, attention, self.ops)
+            hidden = forward_hidden(
+                self.weights, tokens, attention, self.ops, self._matmul_rows(len(token_ids))
+            )
         if not ids:
             return StepLogits([], torch.empty(0, self.args.vocab_size))
         last_rows = [
@@ -303,6 +313,16 @@ class ModelRunner:
         if len(last_rows) < hidden.shape[0]:
             hidden = hidden[torch.tensor(last_rows, device=self.device)]
         return StepLogits(ids, compute_logits(self.weights, hidden, self.ops).cpu())
+
+    def _matmul_rows(self, tokens: int) -> int | None:
+        """The rows a step of ``tokens`` runs its layers' projections at: the bucket
+        (``buckets.padded_rows``) where oneDNN's matmuls take them on the CPU, ``None``
+        (exactly ``tokens``) where the compact or tile kernels do, which run any count."""
+        if not self._onednn_projections:
+            return None
+        if self.weights_format is not WeightFormat.DENSE and tokens <= self.compact_max_rows:
+            return None
+        return padded_rows(tokens)
 
     def execute(self, plan: SchedulerOutput) -> StepOutcome:
         """Tokens sampled for every runnable request with ``sample=True``, logprobs for

@@ -308,3 +308,33 @@ def test_a_float16_kv_cache_keeps_a_float32_model_close_to_float32(tiny_folder: 
     gap, where = largest_probability_gap(half, full, seed=3)
     assert gap < 0.005, where
 
+
+@pytest.mark.parametrize("fmt", ["dense", "int8"])
+def test_a_step_padded_once_gives_the_logits_of_each_matmul_padding_its_own_input(
+    tiny_folder: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step past the compact weights' bound runs its layers at the bucketed row count
+    from the embeddings on (``forward_hidden``'s ``rows``): its logits equal, bit for
+    bit, the same step run at its exact row count, each matmul padding its own input to
+    the same bucket."""
+    weights = load_folder(tiny_folder, torch.float32)
+    executor = TorchExecutor(
+        weights, block_size=BLOCK, num_blocks=64, weights_format=fmt,  # type: ignore[arg-type]
+        compact_max_rows=16,
+    )  # fmt: skip
+    runner = executor.runner
+    if fmt == "int8" and runner.kernels is None:
+        pytest.skip("the CPU kernels cannot be built here (no C++ compiler)")
+    rng = random.Random(5)
+    plan = SchedulerOutput(
+        [
+            ScheduledRequest("a", [rng.randrange(101) for _ in range(30)], 0, list(range(8)), True, GREEDY),
+            ScheduledRequest("b", [rng.randrange(101) for _ in range(15)], 0, list(range(8, 12)), True, GREEDY),
+        ]
+    )  # fmt: skip
+    assert runner._matmul_rows(45) == 48
+    padded = runner.logits(plan)
+    monkeypatch.setattr(runner, "_matmul_rows", lambda tokens: None)
+    exact = runner.logits(plan)
+    assert padded.request_ids == exact.request_ids == ["a", "b"]
+    assert torch.equal(padded.logits, exact.logits)
