@@ -10,8 +10,8 @@ the weights binds, and past that both run at the vector multiplier's rate.
 
 Run: ``.venv/bin/python benchmarks/compact_rows.py [--rows 64 128 256 512 2048]
 [--format int8]``; for the AVX2 kernels on a CPU with more, hold both sides to AVX2:
-``ORCHESTRATOR_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 .venv/bin/python
-benchmarks/compact_rows.py``. Last line:
+``ORCHESTRATOR_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+.venv/bin/python benchmarks/compact_rows.py``. Last line:
 
     compact/dense projections (<variant>, <format>): 64 rows <a>x, ..., 2048 rows <b>x
 """

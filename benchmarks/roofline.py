@@ -32,8 +32,9 @@ cache's. The last line, for the first variant and setup, is:
 where ``c`` is the lower of the two chunks. Run:
 ``.venv/bin/python benchmarks/roofline.py`` (about 2 minutes a table on 2 cores);
 ``--device cuda`` measures a GPU the same way (its own copy bandwidth and GEMM rates).
-For the AVX2 path on a CPU with more, also cap oneDNN: ``ONEDNN_MAX_CPU_ISA=AVX2
-.venv/bin/python benchmarks/roofline.py --variants avx2``.
+For the AVX2 path on a CPU with more, also cap oneDNN and MKL (torch's float32 GEMMs):
+``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 .venv/bin/python
+benchmarks/roofline.py --variants avx2``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -169,9 +170,10 @@ class TorchExecutor:
         if options.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("executor.device is cuda, but torch sees no CUDA device here")
         # Before the weights load: oneDNN reads its cap at its first kernel.
-        onednn_cap = kernel_build.cap_onednn(detect())
+        onednn_cap = kernel_build.cap_libraries(detect())
         if onednn_cap is not None:
-            log.info("torch executor: oneDNN capped at %s", onednn_cap)
+            mkl_cap = os.environ.get(kernel_build.MKL_ISA_ENV, "not capped")
+            log.info("torch executor: oneDNN capped at %s, MKL at %s", onednn_cap, mkl_cap)
         # The choices as the config makes them on this CPU, the kernels assumed to load
         # (the executor resolves its plan again from what did load).
         planned = plan_options(options, CpuPlatform.read())

@@ -15,8 +15,9 @@ portable    none (the compiler's baseline: SSE2, or NEON ...)   anything
 ``select_variant`` picks the highest level the CPU runs (``cpu_features``, read from
 CPUID); ``ORCHESTRATOR_CPU_ISA=amx|avx512|avx2|portable`` forces one, and asking for a
 level this CPU cannot run is an error naming what it lacks. A forced level caps oneDNN's
-kernels at the same level (``cap_onednn``), so the whole process computes as a CPU of that
-class would: on an AMX CPU, oneDNN's AMX matmuls round a row differently with the number
+and MKL's kernels at the same level (``cap_libraries``), so the whole process computes as
+a CPU of that class would (torch's float32 ``addmm`` calls MKL, which otherwise ran
+AVX-512 under a forced ``avx2``: 1.5x the AVX2 rate on an Intel Xeon); on an AMX CPU, oneDNN's AMX matmuls round a row differently with the number
 of rows beside it, and a forced ``avx512`` run then answered a prompt differently when
 its earlier blocks came from the prefix cache.
 
@@ -66,9 +67,10 @@ class Variant:
     # The features the build may use; an override to this variant caps what the rest
     # of the executor (``dtype: auto``) assumes at these. ``None``: no cap.
     assumes: CpuFeatures | None
-    # oneDNN's ``ONEDNN_MAX_CPU_ISA`` for the same level, set when the variant is forced;
-    # ``None``: no cap.
+    # oneDNN's ``ONEDNN_MAX_CPU_ISA`` and MKL's ``MKL_ENABLE_INSTRUCTIONS`` for the same
+    # level, set when the variant is forced; ``None``: no cap.
     onednn_isa: str | None
+    mkl_isa: str | None
     has_tiles: bool = False  # it carries the AMX projections (tile_linear.cpp)
 
     def digest(self) -> str:
@@ -99,6 +101,7 @@ VARIANTS: tuple[Variant, ...] = (
         lambda f: f.x86_64_v4 and f.avx512_vnni and f.avx512_bf16 and f.amx_tile and f.amx_bf16,
         None,
         None,
+        None,
         has_tiles=True,
     ),
     Variant(
@@ -116,6 +119,7 @@ VARIANTS: tuple[Variant, ...] = (
             avx512dq=True,
         ),
         "AVX512_CORE",
+        "AVX512",
     ),
     Variant(
         "avx2",
@@ -124,8 +128,17 @@ VARIANTS: tuple[Variant, ...] = (
         lambda f: f.x86_64_v3,
         CpuFeatures(avx2=True, fma=True, f16c=True),
         "AVX2",
+        "AVX2",
     ),
-    Variant("portable", (), ("kernels.cpp", "stack.cpp"), lambda f: True, CpuFeatures(), "SSE41"),
+    Variant(
+        "portable",
+        (),
+        ("kernels.cpp", "stack.cpp"),
+        lambda f: True,
+        CpuFeatures(),
+        "SSE41",
+        "SSE4_2",
+    ),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 
@@ -176,19 +189,23 @@ def effective(features: CpuFeatures, override: str | None = None) -> CpuFeatures
 
 
 ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+MKL_ISA_ENV = "MKL_ENABLE_INSTRUCTIONS"
 
 
-def cap_onednn(features: CpuFeatures, override: str | None = None) -> str | None:
-    """Cap oneDNN's kernels at the forced variant's level (``$ORCHESTRATOR_CPU_ISA`` or
-    ``override``) by setting ``$ONEDNN_MAX_CPU_ISA``, unless the user set it; return the
-    cap in force (``None``: none). oneDNN reads the variable once, at its first kernel, so
-    this must run before the process's first oneDNN matmul (``TorchExecutor.from_config``
-    calls it before loading weights); later calls change nothing in oneDNN."""
+def cap_libraries(features: CpuFeatures, override: str | None = None) -> str | None:
+    """Cap oneDNN's and MKL's kernels at the forced variant's level
+    (``$ORCHESTRATOR_CPU_ISA`` or ``override``) by setting ``$ONEDNN_MAX_CPU_ISA`` and
+    ``$MKL_ENABLE_INSTRUCTIONS``, each unless the user set it; return oneDNN's cap in
+    force (``None``: none). Both libraries read their variable once, at their first
+    kernel, so this must run before the process's first matmul
+    (``TorchExecutor.from_config`` calls it before loading weights); later calls change
+    nothing in them."""
     name = os.environ.get(ISA_ENV) if override is None else override
-    if name and ONEDNN_ISA_ENV not in os.environ:
-        cap = select_variant(features, name).onednn_isa
-        if cap is not None:
-            os.environ[ONEDNN_ISA_ENV] = cap
+    if name:
+        variant = select_variant(features, name)
+        for env, cap in ((ONEDNN_ISA_ENV, variant.onednn_isa), (MKL_ISA_ENV, variant.mkl_isa)):
+            if cap is not None and env not in os.environ:
+                os.environ[env] = cap
     return os.environ.get(ONEDNN_ISA_ENV)
 
 

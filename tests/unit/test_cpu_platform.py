@@ -67,22 +67,32 @@ def test_the_override_forces_a_lower_variant_and_refuses_a_higher_one(
         kernel_build.select_variant(AVX2)
 
 
-def test_a_forced_variant_caps_onednn_at_its_level_unless_the_user_set_a_cap(
+def test_a_forced_variant_caps_onednn_and_mkl_at_its_level_unless_the_user_set_a_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(kernel_build.ONEDNN_ISA_ENV, raising=False)
+    monkeypatch.delenv(kernel_build.MKL_ISA_ENV, raising=False)
     monkeypatch.delenv(kernel_build.ISA_ENV, raising=False)
-    assert kernel_build.cap_onednn(amx_features()) is None  # nothing forced: no cap
+    assert kernel_build.cap_libraries(amx_features()) is None  # nothing forced: no cap
     monkeypatch.setenv(kernel_build.ISA_ENV, "amx")
-    assert kernel_build.cap_onednn(amx_features()) is None  # the top level: no cap
-    for variant, cap in (("avx512", "AVX512_CORE"), ("avx2", "AVX2"), ("portable", "SSE41")):
+    assert kernel_build.cap_libraries(amx_features()) is None  # the top level: no cap
+    assert kernel_build.MKL_ISA_ENV not in os.environ
+    for variant, cap, mkl in (
+        ("avx512", "AVX512_CORE", "AVX512"),
+        ("avx2", "AVX2", "AVX2"),
+        ("portable", "SSE41", "SSE4_2"),
+    ):
         monkeypatch.delenv(kernel_build.ONEDNN_ISA_ENV, raising=False)
+        monkeypatch.delenv(kernel_build.MKL_ISA_ENV, raising=False)
         monkeypatch.setenv(kernel_build.ISA_ENV, variant)
-        assert kernel_build.cap_onednn(amx_features()) == cap
+        assert kernel_build.cap_libraries(amx_features()) == cap
         assert os.environ[kernel_build.ONEDNN_ISA_ENV] == cap
+        assert os.environ[kernel_build.MKL_ISA_ENV] == mkl
     monkeypatch.setenv(kernel_build.ONEDNN_ISA_ENV, "AVX2")
+    monkeypatch.setenv(kernel_build.MKL_ISA_ENV, "AVX")
     monkeypatch.setenv(kernel_build.ISA_ENV, "avx512")
-    assert kernel_build.cap_onednn(amx_features()) == "AVX2"  # the user's own cap stands
+    assert kernel_build.cap_libraries(amx_features()) == "AVX2"  # the user's own caps stand
+    assert os.environ[kernel_build.MKL_ISA_ENV] == "AVX"
 
 
 def test_library_names_depend_on_sources_and_flags_not_on_the_cpu() -> None:
