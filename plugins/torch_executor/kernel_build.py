@@ -16,10 +16,11 @@ portable    none (the compiler's baseline: SSE2, or NEON ...)   anything
 CPUID); ``ORCHESTRATOR_CPU_ISA=amx|avx512|avx2|portable`` forces one, and asking for a
 level this CPU cannot run is an error naming what it lacks. A forced level caps oneDNN's
 and MKL's kernels at the same level (``cap_libraries``), so the whole process computes as
-a CPU of that class would (torch's float32 ``addmm`` calls MKL, which otherwise ran
-AVX-512 under a forced ``avx2``: 1.5x the AVX2 rate on an Intel Xeon); on an AMX CPU, oneDNN's AMX matmuls round a row differently with the number
-of rows beside it, and a forced ``avx512`` run then answered a prompt differently when
-its earlier blocks came from the prefix cache.
+a CPU of that class would. Uncapped, on an AMX CPU oneDNN's AMX matmuls round a row
+differently with the number of rows beside it, and a forced ``avx512`` run then answered
+a prompt differently when its earlier blocks came from the prefix cache; and torch's
+float32 ``addmm`` (MKL) ran AVX-512 under a forced ``avx2``, 1.5x the AVX2 rate on an
+Intel Xeon.
 
 A library's file name carries its variant and a digest of the sources and flags, never
 of the CPU, so a build made on one machine (the container image's build stage, or a
