@@ -247,9 +247,10 @@ def forward_hidden(
     (811 against 836 ms; float32 over int8 weights, avx2 kernels, 2 threads of an Intel
     Xeon)."""
     h = weights.embed[token_ids]  # [num_tokens, hidden]
-    tokens = None if rows is None or rows == h.shape[0] else h.shape[0]
-    if tokens is not None:
-        h = pad_dim(h, 0, rows)  # type: ignore[arg-type]
+    tokens = None
+    if rows is not None and rows != h.shape[0]:
+        tokens = h.shape[0]
+        h = pad_dim(h, 0, rows)
     for i, layer in enumerate(weights.layers):
         h = decoder_layer(i, layer, weights.args, h, attention, ops, tokens)
     return h if tokens is None else h[:tokens]
