@@ -46,6 +46,16 @@ def root_hash(seed: str | None) -> BlockHash:
     return hashlib.sha256(b"orchestrator-prefix-v1\x00" + material).digest()
 
 
+def _uint32_packer(n: int) -> Callable[..., bytes]:
+    """Packs ``n`` ints as little-endian uint32; ``block_hash`` keeps one per length, as
+    a format string built per call costs about half the SHA-256 it feeds."""
+    pack = _PACKERS[n] = struct.Struct(f"<{n}I").pack
+    return pack
+
+
+_PACKERS: dict[int, Callable[..., bytes]] = {}
+
+
 def block_hash(parent: BlockHash, tokens: Sequence[int]) -> BlockHash:
     """Hash of one full block of ``tokens`` whose preceding block hashed to ``parent``
     (``orchestrator`` scheme).
@@ -53,7 +63,7 @@ def block_hash(parent: BlockHash, tokens: Sequence[int]) -> BlockHash:
     Raises ``ValueError`` for a token id outside ``[0, 2**32)``, which no vocabulary has.
     """
     try:
-        data = struct.pack(f"<{len(tokens)}I", *tokens)
+        data = (_PACKERS.get(len(tokens)) or _uint32_packer(len(tokens)))(*tokens)
     except struct.error:
         bad = next(t for t in tokens if not 0 <= t < _TOKEN_MAX)
         raise ValueError(f"token id {bad} is outside [0, 2**32)") from None

@@ -159,15 +159,13 @@ class KVCacheManager:
         """Every request that holds blocks, with its block table."""
         return {rid: tuple(r.blocks) for rid, r in self._records.items() if r.blocks}
 
-    def _hash_chain(
-        self, request: Request, start: int = 0, parent: BlockHash | None = None
-    ) -> Iterator[BlockHash]:
-        """Hashes of the request's full blocks from block ``start`` on (``parent``: the
-        hash of block ``start - 1``), computed lazily."""
+    def _hash_chain(self, request: Request) -> Iterator[BlockHash]:
+        """Hashes of the request's full blocks, first block first, computed lazily (a
+        probe stops at the first one not cached)."""
         bs = self.block_size
         block_hash = self.hasher.block_hash
-        parent = self.hasher.root if parent is None else parent
-        for i in range(start, request.num_tokens // bs):
+        parent = self.hasher.root
+        for i in range(request.num_tokens // bs):
             parent = block_hash(parent, request.token_ids(i * bs, (i + 1) * bs))
             yield parent
 
@@ -177,8 +175,19 @@ class KVCacheManager:
         if record is None:
             record = self._records[request.request_id] = _RequestBlocks()
         hashes = record.hashes
-        hashes.extend(self._hash_chain(request, len(hashes), hashes[-1] if hashes else None))
+        self._extend_hashes(request, hashes, request.num_tokens // self.block_size)
         return hashes
+
+    def _extend_hashes(self, request: Request, hashes: list[BlockHash], stop: int) -> None:
+        """Extend ``hashes``, the request's first full blocks' hashes, to its first
+        ``stop`` blocks. A loop, not a generator like ``_hash_chain``'s: a running request
+        fills one block at a time, and a generator costs more than that block's hash."""
+        bs = self.block_size
+        block_hash = self.hasher.block_hash
+        parent = hashes[-1] if hashes else self.hasher.root
+        for i in range(len(hashes), stop):
+            parent = block_hash(parent, request.token_ids(i * bs, (i + 1) * bs))
+            hashes.append(parent)
 
     def _cached_run(self, hashes: Iterable[BlockHash], num_tokens: int) -> list[int]:
         """Cached blocks of the longest prefix of ``hashes``, leaving at least one of
@@ -225,22 +234,28 @@ class KVCacheManager:
         rid = request.request_id
         record = self._records.get(rid)
         bs = self.block_size
-        held = record.blocks if record is not None else None
-        if held:
+        if record is not None and (held := record.blocks):
             if cached_prefix:
                 raise ValueError(f"request {rid!r} already holds blocks; no prefix to reuse")
             need = -(-(request.num_computed_tokens + num_new_tokens) // bs) - len(held)
-            if need <= 0 and record is not None:
+            if need <= 0:
                 # The common case: a running request's next tokens fit its blocks.
                 snapshot = record.snapshot
                 if snapshot is None:
                     snapshot = record.snapshot = tuple(held)
                 return snapshot
-        else:
-            if num_new_tokens > 0:
-                num_new_tokens = self.rule.first_tokens(request, num_new_tokens)
-            start = len(cached_prefix) * bs if cached_prefix else request.num_computed_tokens
-            need = -(-(start + num_new_tokens) // bs) - len(cached_prefix or ())
+            # The next common one: a decode filled its last block (once every
+            # ``block_size`` steps per request); no prefix to reclaim.
+            if need > self.rule.free_blocks(self.pool.num_free, self._executor_shortfall):
+                return None
+            held.extend(self.pool.allocate(need))
+            snapshot = record.snapshot = tuple(held)
+            return snapshot
+        # A first allocation: the request holds no blocks.
+        if num_new_tokens > 0:
+            num_new_tokens = self.rule.first_tokens(request, num_new_tokens)
+        start = len(cached_prefix) * bs if cached_prefix else request.num_computed_tokens
+        need = -(-(start + num_new_tokens) // bs) - len(cached_prefix or ())
         # Reusing a cached block with no owner takes it out of the free queue.
         reclaimed = sum(1 for b in cached_prefix or () if self.pool.ref_counts[b] == 0)
         free = self.rule.free_blocks(self.pool.num_free, self._executor_shortfall)
@@ -265,7 +280,10 @@ class KVCacheManager:
         done = record.num_committed
         if full <= done or not self.enable_prefix_caching:
             return
-        self._cache_blocks(request, record.blocks, self._hashes(request), done, full)
+        hashes = record.hashes
+        if len(hashes) < full:
+            self._extend_hashes(request, hashes, full)
+        self._cache_blocks(request, record.blocks, hashes, done, full)
         record.num_committed = full
 
     def _cache_blocks(
