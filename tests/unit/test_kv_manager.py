@@ -67,6 +67,25 @@ def test_allocate_hands_out_a_table_that_later_allocations_leave_alone() -> None
     kv.integrity_check()
 
 
+def test_decodes_register_each_filled_block_and_a_full_pool_refuses_the_next() -> None:
+    kv = KVCacheManager(3, BS)
+    r = make_request(prompt=[10, 11, 12, 13, 14, 15])
+    assert compute(kv, r, 6)
+    for token in (16, 17, 18, 19, 20, 21):  # decodes: each computes the last known token
+        r.output_token_ids.append(token)
+        assert compute(kv, r, 1)
+    # 12 tokens computed (three blocks, every one registered); the 13th needs a fourth.
+    assert r.num_computed_tokens == 12 and kv.num_free_blocks == 0
+    before = (kv.block_tables(), kv.pool.num_used)
+    assert kv.allocate(r, 1) is None
+    assert (kv.block_tables(), kv.pool.num_used) == before
+    # While it still runs, a prompt that starts with its 12 tokens finds all three blocks,
+    # the two filled by decodes included.
+    reader = make_request(prompt=[*range(10, 22), 99])
+    assert kv.find_cached_prefix(reader) == kv.block_table(r.request_id)
+    kv.integrity_check()
+
+
 def test_allocate_covers_positions_and_free_returns_blocks() -> None:
     kv = KVCacheManager(8, BS)
     r = make_request(prompt_len=10)
