@@ -36,8 +36,8 @@ RUN apt-get update \
 WORKDIR /src
 COPY orchestrator orchestrator
 COPY plugins plugins
-# The build script needs the project's pure-Python core (pydantic, PyYAML), not torch.
-RUN pip install --no-cache-dir "pydantic>=2.6,<3" "pyyaml>=6.0" "rich>=13" \
+# The build script needs the project's core (msgspec, pydantic, PyYAML), not torch.
+RUN pip install --no-cache-dir "msgspec>=0.19,<1" "pydantic>=2.6,<3" "pyyaml>=6.0" "rich>=13" \
  && python3 -m plugins.torch_executor.kernel_build --out /opt/orchestrator/kernels \
       --variants amx,avx512,avx2,portable
 
@@ -85,7 +85,7 @@ COPY --from=wheel /dist/ /tmp/wheels/
 # A fixed uid rather than 1000, which Ubuntu-based images already give to `ubuntu`.
 RUN pip install --no-cache-dir --no-deps --find-links /tmp/wheels \
       "trtllm-orchestrator==${ORCHESTRATOR_VERSION}" \
- && pip install --no-cache-dir "pydantic>=2.6,<3" "pyyaml>=6.0" "rich>=13" \
+ && pip install --no-cache-dir "msgspec>=0.19,<1" "pydantic>=2.6,<3" "pyyaml>=6.0" "rich>=13" \
       "fastapi>=0.110" "uvicorn>=0.29" "prometheus-client>=0.20" "httpx>=0.27" \
       "gguf>=0.10" "safetensors>=0.4" "huggingface-hub>=0.25" \
  && rm -rf /tmp/wheels \

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from orchestrator.core.config import SchedulerConfig, StepTimePrior
 from orchestrator.core.executor import Executor
-from orchestrator.core.output import SchedulerOutput, scheduled_request
+from orchestrator.core.output import ScheduledRequest, SchedulerOutput
 from orchestrator.core.predictor import features_of, fit_prior
 from orchestrator.core.request import SamplingParams
 
@@ -32,7 +32,7 @@ def shape_plan(shape: Shape, block_size: int) -> SchedulerOutput:
         table = list(range(block, block + blocks))
         block += blocks
         scheduled.append(
-            scheduled_request(
+            ScheduledRequest(
                 request_id=f"cal-{i}",
                 token_ids=[1] * n,
                 start_position=cached,

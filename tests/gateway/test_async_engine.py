@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from orchestrator.common.async_engine import (
@@ -184,7 +185,9 @@ class ErrorForOne(EngineCore):
         for output in step.outputs:
             if output.request_id == self.victim and output.num_output_tokens == 2:
                 self.abort(self.victim)
-                output = output._replace(finished=True, finish_reason=FinishReason.ERROR)
+                output = msgspec.structs.replace(
+                    output, finished=True, finish_reason=FinishReason.ERROR
+                )
             outputs.append(output)
         return dataclasses.replace(step, outputs=outputs)
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
@@ -79,7 +80,9 @@ class FailsOneRequest(EngineCore):
     def step(self) -> EngineStep:
         step = super().step()
         outputs = [
-            o._replace(finished=True, finish_reason=FinishReason.ERROR, error="CUDA error 700")
+            msgspec.structs.replace(
+                o, finished=True, finish_reason=FinishReason.ERROR, error="CUDA error 700"
+            )
             for o in step.outputs
         ]
         for o in outputs:

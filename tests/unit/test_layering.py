@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CORE_THIRD_PARTY = {"pydantic", "pydantic_core", "yaml"}
+CORE_THIRD_PARTY = {"msgspec", "pydantic", "pydantic_core", "yaml"}
 WEB = {"fastapi", "starlette", "uvicorn"}
 Rule = Callable[[str], str | None]
 
@@ -68,7 +68,7 @@ def core_rule(name: str) -> str | None:
         return None
     if top(name) in sys.stdlib_module_names or top(name) in CORE_THIRD_PARTY:
         return None
-    return "the core imports only itself, the standard library, pydantic and yaml"
+    return "the core imports only itself, the standard library, msgspec, pydantic and yaml"
 
 
 def app_rule(in_gateway: bool) -> Rule:

@@ -1,46 +1,76 @@
-"""The keyword builders of the per-step records pass every field to its own slot, and a
-decode's plan entry carries a shared one-token tuple."""
+"""The per-step records are built by field name only, cannot be changed, and are
+invisible to the cyclic collector; a decode's plan entry carries a shared one-token
+tuple."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from typing import Any, NamedTuple
+import gc
+from typing import Any
 
+import msgspec
 import pytest
 
-from orchestrator.core.output import (
-    RequestOutput,
-    ScheduledRequest,
-    request_output,
-    scheduled_request,
-)
-from orchestrator.core.request import Request
+from orchestrator.core.output import RequestOutput, ScheduledRequest
+from orchestrator.core.request import Request, SamplingParams
 
-PAIRS = [(ScheduledRequest, scheduled_request), (RequestOutput, request_output)]
+# Every field without a default, with a distinct value each, so a swapped pair of fields
+# cannot pass.
+REQUIRED: dict[type[msgspec.Struct], dict[str, Any]] = {
+    ScheduledRequest: {
+        "request_id": "a",
+        "token_ids": (5,),
+        "start_position": 3,
+        "block_table": (0, 1),
+        "sample": True,
+        "sampling": SamplingParams(max_tokens=4),
+    },
+    RequestOutput: {
+        "request_id": "a",
+        "new_token_ids": (5,),
+        "new_logprobs": (),
+        "finished": False,
+        "finish_reason": None,
+        "num_prompt_tokens": 7,
+        "num_output_tokens": 2,
+    },
+}
+RECORDS = list(REQUIRED)
 
 
-@pytest.mark.parametrize(("record", "builder"), PAIRS, ids=lambda x: x.__name__)
-def test_a_builder_takes_its_records_fields_by_name_only_with_the_same_defaults(
-    record: type[NamedTuple], builder: Callable[..., Any]
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.__name__)
+def test_a_record_takes_its_fields_by_name_only(record: type[msgspec.Struct]) -> None:
+    fields = REQUIRED[record]
+    built = record(**fields)
+    assert {name: getattr(built, name) for name in fields} == fields
+    with pytest.raises(TypeError):
+        record(*fields.values())
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.__name__)
+def test_a_record_cannot_be_changed_and_the_collector_does_not_track_it(
+    record: type[msgspec.Struct],
 ) -> None:
-    params = inspect.signature(builder).parameters
-    assert tuple(params) == record._fields
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
-    defaults = {name: p.default for name, p in params.items() if p.default is not p.empty}
-    assert defaults == record._field_defaults
+    built = record(**REQUIRED[record])
+    with pytest.raises(AttributeError):
+        built.request_id = "b"  # type: ignore[misc]
+    # Not tracked, not counted: building one per running request per step never
+    # triggers a collection.
+    assert not gc.is_tracked(built)
+    gc.collect()
+    before = gc.get_count()[0]
+    kept = [record(**REQUIRED[record]) for _ in range(1000)]
+    assert gc.get_count()[0] - before < 10, "building records counted toward a collection"
+    assert len(kept) == 1000
 
 
-@pytest.mark.parametrize(("record", "builder"), PAIRS, ids=lambda x: x.__name__)
-def test_a_built_record_equals_the_class_built_by_name_field_for_field(
-    record: type[NamedTuple], builder: Callable[..., Any]
-) -> None:
-    # A distinct value per field, so a swapped pair of fields cannot pass.
-    values = {name: f"value-{i}" for i, name in enumerate(record._fields)}
-    built = builder(**values)
-    assert type(built) is record
-    assert built == record(**values)
-    assert {name: getattr(built, name) for name in record._fields} == values
+def test_the_optional_fields_default_to_nothing_happened() -> None:
+    plan = ScheduledRequest(**REQUIRED[ScheduledRequest])
+    assert (plan.priority, plan.slo_class, plan.tenant, plan.arrival_time) == (0, None, None, 0.0)
+    assert plan.constraint is None
+    assert plan.num_tokens == 1 and plan.context_len == 4
+    output = RequestOutput(**REQUIRED[RequestOutput])
+    assert (output.error, output.first_scheduled_time, output.error_code) == (None, None, None)
+    assert output.num_cached_tokens == 0
 
 
 def test_a_decodes_plan_entry_shares_one_immutable_tuple_per_token() -> None:

@@ -19,10 +19,9 @@ from orchestrator.core.errors import AdmissionError, OverloadedError
 from orchestrator.core.kv.manager import KVCacheManager
 from orchestrator.core.output import (
     RequestOutput,
+    ScheduledRequest,
     SchedulerOutput,
     StepResult,
-    request_output,
-    scheduled_request,
 )
 from orchestrator.core.predictor import LinearStepTimePredictor, StepTimePredictor
 from orchestrator.core.request import FINISH_REASONS, Request, RequestStatus
@@ -305,7 +304,7 @@ class Scheduler:
         just returned for them."""
         start = request.num_computed_tokens
         rid = request.request_id
-        step.scheduled[rid] = scheduled_request(
+        step.scheduled[rid] = ScheduledRequest(
             request_id=rid,
             token_ids=request.token_ids(start, start + n),
             start_position=start,
@@ -399,7 +398,7 @@ class Scheduler:
                 finished = True
             logprobs = all_logprobs.get(rid) if all_logprobs else None
             outputs.append(
-                request_output(
+                RequestOutput(
                     request_id=rid,
                     new_token_ids=(token,),
                     new_logprobs=(logprobs,) if logprobs is not None else (),

@@ -4,7 +4,7 @@ and what happens between steps (``Outbox``)."""
 
 from __future__ import annotations
 
-from orchestrator.core.output import RequestOutput, ScheduledRequest, request_output
+from orchestrator.core.output import RequestOutput, ScheduledRequest
 from orchestrator.core.request import FINISH_REASONS, Request, RequestStatus
 
 
@@ -58,7 +58,7 @@ class Outbox:
 
 def error_output(request: Request, error: str, code: str | None = None) -> RequestOutput:
     """The final output of a request ended with ``error`` (reason ``code``, if any)."""
-    return request_output(
+    return RequestOutput(
         request_id=request.request_id,
         new_token_ids=(),
         new_logprobs=(),
