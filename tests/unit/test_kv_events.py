@@ -142,7 +142,8 @@ def test_without_a_sink_nothing_is_recorded_and_the_plain_paths_run() -> None:
     kv = engine.scheduler.kv
     assert kv.take_events() == []
     # The recording variants are chosen when a sink is attached, never tested per call.
-    assert "allocate" not in vars(kv.pool) and "_cache_blocks" not in vars(kv)
+    assert "allocate" not in vars(kv.pool) and "allocate_one" not in vars(kv.pool)
+    assert "_cache_blocks" not in vars(kv)
     assert vars(kv.pool).get("_events") is None
 
 
@@ -205,6 +206,20 @@ def test_the_pool_records_evictions_in_order_only_when_asked() -> None:
     assert events == []
     pool.allocate(2)
     assert events == [BlockRemoved((b"a", b"b"))]
+
+
+def test_one_block_at_a_time_evicts_and_records_as_allocate_does() -> None:
+    pool = BlockPool(3)
+    for block, h in zip(pool.allocate(3), (b"a", b"b", b"c"), strict=True):
+        assert pool.cache(block, h)
+    pool.release([2, 0, 1])  # free queue: 2, 0, 1
+    assert pool.allocate_one() == 2  # evicts c, unrecorded
+    events: list[KVEvent] = []
+    pool.record_evictions(events)
+    assert pool.allocate_one() == 0
+    assert events == [BlockRemoved((b"a",))]
+    assert set(pool.cached) == {b"b"} and pool.block_hashes[:3] == [None, b"b", None]
+    assert pool.ref_counts == [1, 0, 1] and pool.num_used == 2 and pool.num_free == 1
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -54,12 +54,25 @@ class BlockPool:
         self.num_used += n
         return blocks
 
+    def allocate_one(self) -> int:
+        """``allocate(1)``'s block without its loop and list (a running request's next
+        block, the common allocation); the caller checked ``num_free >= 1``."""
+        block, _ = self.free_queue.popitem(last=False)
+        h = self.block_hashes[block]
+        if h is not None:
+            del self.cached[h]
+            self.block_hashes[block] = None
+        self.ref_counts[block] = 1
+        self.num_used += 1
+        return block
+
     def record_evictions(self, events: list[KVEvent]) -> None:
         """From now on, append to ``events`` one ``BlockRemoved`` per ``allocate`` that
         evicts cached hashes, naming exactly those hashes in eviction order."""
         self._events = events
         # Chosen once here, so a pool nobody listens to runs the plain loop unchanged.
         self.allocate = self._allocate_recording  # type: ignore[method-assign]
+        self.allocate_one = self._allocate_one_recording  # type: ignore[method-assign]
 
     def _allocate_recording(self, n: int) -> list[int]:
         # ``allocate`` takes the first ``n`` queued blocks in order: their hashes go.
@@ -69,6 +82,9 @@ class BlockPool:
         if evicted:
             self._events.append(BlockRemoved(evicted))
         return blocks
+
+    def _allocate_one_recording(self) -> int:
+        return self._allocate_recording(1)[0]
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Add a reference to cached blocks a new owner reuses."""
