@@ -64,12 +64,12 @@ def generate(
                 s.blocks.append(free.pop(0))
             scheduled.append(
                 ScheduledRequest(
-                    request_id=rid,
-                    token_ids=known[s.computed : end],
-                    start_position=s.computed,
-                    block_table=list(s.blocks),
-                    sample=end == len(known),
-                    sampling=s.sampling,
+                    rid,
+                    known[s.computed : end],
+                    s.computed,
+                    list(s.blocks),
+                    end == len(known),
+                    s.sampling,
                 )
             )
         result = executor.execute(SchedulerOutput(scheduled, preempted_ids=preempted))

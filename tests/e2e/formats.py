@@ -33,12 +33,12 @@ def teacher_forced_logits(
         plan = SchedulerOutput(
             [
                 ScheduledRequest(
-                    request_id=str(i),
-                    token_ids=p if t == 0 else [continuations[i][t - 1]],
-                    start_position=0 if t == 0 else len(p) + t - 1,
-                    block_table=tables[str(i)],
-                    sample=True,
-                    sampling=GREEDY,
+                    str(i),
+                    p if t == 0 else [continuations[i][t - 1]],
+                    0 if t == 0 else len(p) + t - 1,
+                    tables[str(i)],
+                    True,
+                    GREEDY,
                 )
                 for i, p in enumerate(prompts)
             ]

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import msgspec
 import pytest
 import torch
 
@@ -181,13 +180,7 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
 
     def entry(rid: str, blocks: list[int], handle: object) -> ScheduledRequest:
         return ScheduledRequest(
-            request_id=rid,
-            token_ids=[1, 2, 3],
-            start_position=0,
-            block_table=blocks,
-            sample=True,
-            sampling=sampling(4, (2,), temperature=0),
-            constraint=handle,
+            rid, [1, 2, 3], 0, blocks, True, sampling(4, (2,), temperature=0), constraint=handle
         )
 
     plan = SchedulerOutput(
@@ -200,9 +193,7 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
     # The advance step refuses a token too: feed the healthy matcher a letter directly.
     matchers = executor.runner.matchers
     assert matchers is not None
-    pending = matchers.start(
-        [msgspec.structs.replace(entry("healthy", [1], healthy), start_position=1)]
-    )
+    pending = matchers.start([entry("healthy", [1], healthy)._replace(start_position=1)])
     matchers.apply(pending, torch.zeros(1, weights_f32.args.vocab_size), [0])
     sampled = {"healthy": letter}
     matchers.advance(pending, sampled)

@@ -61,14 +61,7 @@ def test_mixed_batch_logits_match_transformers_on_cuda(
     for step in steps:
         plan = SchedulerOutput(
             [
-                ScheduledRequest(
-                    request_id=rid,
-                    token_ids=seqs[rid][a:b],
-                    start_position=a,
-                    block_table=tables[rid],
-                    sample=sample,
-                    sampling=GREEDY,
-                )
+                ScheduledRequest(rid, seqs[rid][a:b], a, tables[rid], sample, GREEDY)
                 for rid, (a, b, sample) in step.items()
             ]
         )
@@ -114,26 +107,11 @@ def test_graph_decode_equals_eager_decode(
         executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=128, cuda_graphs=graphs)
         tables = {i: list(range(8 * i, 8 * i + 8)) for i in range(5)}
         prefill = [
-            ScheduledRequest(
-                request_id=f"r{i}",
-                token_ids=prompts[i + 3],
-                start_position=0,
-                block_table=tables[i],
-                sample=True,
-                sampling=GREEDY,
-            )
-            for i in range(5)
+            ScheduledRequest(f"r{i}", prompts[i + 3], 0, tables[i], True, GREEDY) for i in range(5)
         ]
         executor.runner.logits(SchedulerOutput(prefill))
         decode = [
-            ScheduledRequest(
-                request_id=f"r{i}",
-                token_ids=[17],
-                start_position=len(prompts[i + 3]),
-                block_table=tables[i],
-                sample=True,
-                sampling=GREEDY,
-            )
+            ScheduledRequest(f"r{i}", [17], len(prompts[i + 3]), tables[i], True, GREEDY)
             for i in range(5)
         ]
         logits[graphs] = executor.runner.logits(SchedulerOutput(decode)).logits
@@ -144,18 +122,7 @@ def test_graph_decode_equals_eager_decode(
 def test_bfloat16_stays_close_to_float32_on_cuda(
     cuda_f32: LlamaWeights, cuda_bf16: LlamaWeights, prompts: list[list[int]]
 ) -> None:
-    plan = SchedulerOutput(
-        [
-            ScheduledRequest(
-                request_id="a",
-                token_ids=prompts[10],
-                start_position=0,
-                block_table=list(range(8)),
-                sample=True,
-                sampling=GREEDY,
-            )
-        ]
-    )
+    plan = SchedulerOutput([ScheduledRequest("a", prompts[10], 0, list(range(8)), True, GREEDY)])
     probs = {}
     for weights in (cuda_f32, cuda_bf16):
         executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=16)

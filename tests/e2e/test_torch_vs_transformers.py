@@ -58,14 +58,7 @@ def test_mixed_batch_logits_match_transformers(
     for step in steps:
         plan = SchedulerOutput(
             [
-                ScheduledRequest(
-                    request_id=rid,
-                    token_ids=seqs[rid][a:b],
-                    start_position=a,
-                    block_table=tables[rid],
-                    sample=sample,
-                    sampling=GREEDY,
-                )
+                ScheduledRequest(rid, seqs[rid][a:b], a, tables[rid], sample, GREEDY)
                 for rid, (a, b, sample) in step.items()
             ]
         )

@@ -19,14 +19,7 @@ def plan_of(*shapes: tuple[int, int]) -> SchedulerOutput:
     params = SamplingParams()
     return SchedulerOutput(
         scheduled=[
-            ScheduledRequest(
-                request_id=f"r{i}",
-                token_ids=[1] * n,
-                start_position=p,
-                block_table=[],
-                sample=True,
-                sampling=params,
-            )
+            ScheduledRequest(f"r{i}", [1] * n, p, [], True, params)
             for i, (n, p) in enumerate(shapes)
         ]
     )
@@ -104,30 +97,8 @@ def test_a_chunk_mid_sequence_attends_like_its_tokens_one_by_one() -> None:
 def test_lm_head_flops_count_only_for_sampling_requests() -> None:
     model = CostModel(LLAMA_70B, H100)
     params = SamplingParams()
-    sampling = SchedulerOutput(
-        [
-            ScheduledRequest(
-                request_id="a",
-                token_ids=[1] * 512,
-                start_position=0,
-                block_table=[],
-                sample=True,
-                sampling=params,
-            )
-        ]
-    )
-    silent = SchedulerOutput(
-        [
-            ScheduledRequest(
-                request_id="a",
-                token_ids=[1] * 512,
-                start_position=0,
-                block_table=[],
-                sample=False,
-                sampling=params,
-            )
-        ]
-    )
+    sampling = SchedulerOutput([ScheduledRequest("a", [1] * 512, 0, [], True, params)])
+    silent = SchedulerOutput([ScheduledRequest("a", [1] * 512, 0, [], False, params)])
     diff = model.step_cost(sampling).dense_compute_s - model.step_cost(silent).dense_compute_s
     vocab_flops = 2 * LLAMA_70B.vocab_size * LLAMA_70B.hidden_size
     assert diff == pytest.approx(vocab_flops / H100.bf16_flops)

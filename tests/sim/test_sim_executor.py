@@ -107,14 +107,7 @@ def _plan(*entries: tuple[str, int, int, bool], stops: tuple[int, ...] = ()) -> 
     params = SamplingParams(stop_token_ids=stops)
     return SchedulerOutput(
         scheduled=[
-            ScheduledRequest(
-                request_id=rid,
-                token_ids=[7] * n,
-                start_position=p,
-                block_table=list(range(math.ceil((n + p) / 16))),
-                sample=sample,
-                sampling=params,
-            )
+            ScheduledRequest(rid, [7] * n, p, list(range(math.ceil((n + p) / 16))), sample, params)
             for rid, n, p, sample in entries
         ]
     )

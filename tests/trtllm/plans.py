@@ -40,12 +40,12 @@ class Seq:
         table = self.blocks[: -(-end // self.block_size)]
         assert len(table) * self.block_size >= end, "give the Seq more blocks"
         return ScheduledRequest(
-            request_id=self.request_id,
-            token_ids=known[self.computed : end],
-            start_position=self.computed,
-            block_table=table,
-            sample=end == len(known),
-            sampling=self.sampling,
+            self.request_id,
+            known[self.computed : end],
+            self.computed,
+            table,
+            end == len(known),
+            self.sampling,
         )
 
     def advance(self, scheduled: ScheduledRequest, result: StepResult) -> None:

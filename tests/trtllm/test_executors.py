@@ -188,14 +188,7 @@ def test_a_decode_of_another_token_is_refused(mode: Mode) -> None:
     executor = mode.start()
     seq = Seq("a", prompt_of(5, 18), blocks=[0])
     step(executor, [seq])
-    wrong = ScheduledRequest(
-        request_id="a",
-        token_ids=[seq.output[0] + 1],
-        start_position=5,
-        block_table=[0],
-        sample=True,
-        sampling=GREEDY,
-    )
+    wrong = ScheduledRequest("a", [seq.output[0] + 1], 5, [0], True, GREEDY)
     with pytest.raises(TrtllmError, match=r"runs in TensorRT-LLM after token"):
         executor.execute(SchedulerOutput([wrong]))
 

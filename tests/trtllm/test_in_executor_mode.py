@@ -164,13 +164,13 @@ def test_a_plans_facts_reach_the_channel_under_the_llms_request_id(
     try:
         sampling = SamplingParams(max_tokens=2, temperature=0)
         planned = ScheduledRequest(
-            request_id="r",
-            token_ids=prompt_of(4, 3),
-            start_position=0,
-            block_table=[0],
-            sample=True,
-            sampling=sampling,
-            priority=2,
+            "r",
+            prompt_of(4, 3),
+            0,
+            [0],
+            True,
+            sampling,
+            2,
             slo_class="chat",
             tenant="acme",
             arrival_time=4.5,

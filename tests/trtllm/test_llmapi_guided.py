@@ -92,15 +92,7 @@ def _engine(executor: TrtllmLlmApiExecutor) -> EngineCore:
 
 def _entry(tokens: list[int], start: int, handle: object) -> ScheduledRequest:
     params = SamplingParams(max_tokens=4, temperature=0)
-    return ScheduledRequest(
-        request_id="r",
-        token_ids=tokens,
-        start_position=start,
-        block_table=[0, 1],
-        sample=True,
-        sampling=params,
-        constraint=handle,
-    )
+    return ScheduledRequest("r", tokens, start, [0, 1], True, params, constraint=handle)
 
 
 def test_a_guide_reaches_generate_async_and_a_resumed_one_fails(tmp_path: Path) -> None:

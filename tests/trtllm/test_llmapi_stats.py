@@ -196,19 +196,7 @@ def test_priorities_reach_a_release_that_takes_them(
     assert sent == [translate.llm_priority(3), translate.llm_priority(-2)]
     assert llm_calls.generate_options[0]["priority"] == 0.5  # the warm-up: the default
     # Through a plan: the scheduler's ScheduledRequest.priority is what reaches the LLM.
-    plan = SchedulerOutput(
-        [
-            ScheduledRequest(
-                request_id="r",
-                token_ids=[1, 2, 3],
-                start_position=0,
-                block_table=[0],
-                sample=True,
-                sampling=GREEDY,
-                priority=7,
-            )
-        ]
-    )
+    plan = SchedulerOutput([ScheduledRequest("r", [1, 2, 3], 0, [0], True, GREEDY, 7)])
     executor.execute(plan)
     assert llm_calls.generate_options[-1]["priority"] == translate.llm_priority(7)
 

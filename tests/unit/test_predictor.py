@@ -79,22 +79,8 @@ def test_features_of_a_plan_count_tokens_context_and_pairs() -> None:
     params = SamplingParams()
     plan = SchedulerOutput(
         [
-            ScheduledRequest(
-                request_id="a",
-                token_ids=[1] * 4,
-                start_position=10,
-                block_table=(0,),
-                sample=True,
-                sampling=params,
-            ),
-            ScheduledRequest(
-                request_id="b",
-                token_ids=[1],
-                start_position=7,
-                block_table=(1,),
-                sample=True,
-                sampling=params,
-            ),
+            ScheduledRequest("a", [1] * 4, 10, (0,), True, params),
+            ScheduledRequest("b", [1], 7, (1,), True, params),
         ]
     )
     # pairs: 4 x 10 + 4 x 5 / 2 = 50 for a, 1 x 7 + 1 = 8 for b.

@@ -59,14 +59,7 @@ def run_steps(
     for step in STEPS:
         plan = SchedulerOutput(
             [
-                ScheduledRequest(
-                    request_id=rid,
-                    token_ids=sequences[rid][a:b],
-                    start_position=a,
-                    block_table=tables[rid],
-                    sample=sample,
-                    sampling=GREEDY,
-                )
+                ScheduledRequest(rid, sequences[rid][a:b], a, tables[rid], sample, GREEDY)
                 for rid, a, b, sample in step
             ]
         )
@@ -101,46 +94,11 @@ def test_mixed_batches_match_transformers(tiny_folder: Path) -> None:
 
 
 BAD_ENTRIES = {
-    "outside the pool": ScheduledRequest(
-        request_id="x",
-        token_ids=[1, 2],
-        start_position=0,
-        block_table=[8],
-        sample=True,
-        sampling=GREEDY,
-    ),
-    "needs 2 blocks": ScheduledRequest(
-        request_id="x",
-        token_ids=[1] * 5,
-        start_position=0,
-        block_table=[6],
-        sample=True,
-        sampling=GREEDY,
-    ),
-    "outside the model's": ScheduledRequest(
-        request_id="x",
-        token_ids=[1],
-        start_position=32,
-        block_table=[6] * 9,
-        sample=True,
-        sampling=GREEDY,
-    ),
-    "token ids outside": ScheduledRequest(
-        request_id="x",
-        token_ids=[101],
-        start_position=0,
-        block_table=[6],
-        sample=True,
-        sampling=GREEDY,
-    ),
-    "no tokens": ScheduledRequest(
-        request_id="x",
-        token_ids=[],
-        start_position=0,
-        block_table=[6],
-        sample=True,
-        sampling=GREEDY,
-    ),
+    "outside the pool": ScheduledRequest("x", [1, 2], 0, [8], True, GREEDY),
+    "needs 2 blocks": ScheduledRequest("x", [1] * 5, 0, [6], True, GREEDY),
+    "outside the model's": ScheduledRequest("x", [1], 32, [6] * 9, True, GREEDY),
+    "token ids outside": ScheduledRequest("x", [101], 0, [6], True, GREEDY),
+    "no tokens": ScheduledRequest("x", [], 0, [6], True, GREEDY),
 }
 
 
@@ -150,30 +108,9 @@ def test_an_entry_it_cannot_run_fails_alone(tiny_folder: Path, message: str) -> 
     the cache, and the good ones get exactly the tokens they get when run alone."""
     weights = load_folder(tiny_folder, torch.float32)
     good = [
-        ScheduledRequest(
-            request_id="a",
-            token_ids=list(range(3, 12)),
-            start_position=0,
-            block_table=[0, 1, 2],
-            sample=True,
-            sampling=GREEDY,
-        ),
-        ScheduledRequest(
-            request_id="b",
-            token_ids=[7, 8, 9, 10, 11],
-            start_position=0,
-            block_table=[3, 4],
-            sample=True,
-            sampling=GREEDY,
-        ),
-        ScheduledRequest(
-            request_id="c",
-            token_ids=[5, 6, 7],
-            start_position=0,
-            block_table=[5],
-            sample=False,
-            sampling=GREEDY,
-        ),
+        ScheduledRequest("a", list(range(3, 12)), 0, [0, 1, 2], True, GREEDY),
+        ScheduledRequest("b", [7, 8, 9, 10, 11], 0, [3, 4], True, GREEDY),
+        ScheduledRequest("c", [5, 6, 7], 0, [5], False, GREEDY),
     ]
     alone = TorchExecutor(weights, block_size=BLOCK, num_blocks=8, max_model_len=32)
     expected = alone.execute(SchedulerOutput(good))
@@ -269,31 +206,11 @@ def test_bucketed_decode_forward_matches_the_eager_one(tiny_folder: Path) -> Non
     prompts = {f"r{i}": [rng.randrange(101) for _ in range(4 + 5 * i)] for i in range(5)}
     tables = {rid: list(range(10 * i, 10 * i + 9)) for i, rid in enumerate(prompts)}
     prefill = SchedulerOutput(
-        [
-            ScheduledRequest(
-                request_id=r,
-                token_ids=p,
-                start_position=0,
-                block_table=tables[r],
-                sample=True,
-                sampling=GREEDY,
-            )
-            for r, p in prompts.items()
-        ]
+        [ScheduledRequest(r, p, 0, tables[r], True, GREEDY) for r, p in prompts.items()]
     )
     for executor in (eager, bucketed):
         executor.runner.logits(prefill)
-    decode = [
-        ScheduledRequest(
-            request_id=r,
-            token_ids=[9],
-            start_position=len(p),
-            block_table=tables[r],
-            sample=True,
-            sampling=GREEDY,
-        )
-        for r, p in prompts.items()
-    ]
+    decode = [ScheduledRequest(r, [9], len(p), tables[r], True, GREEDY) for r, p in prompts.items()]
     expected = eager.runner.logits(SchedulerOutput(decode)).logits
     slices = [SequenceSlice(i, 1, s.start_position, s.block_table) for i, s in enumerate(decode)]
     got = graphs.run(slices, [9] * len(decode))
@@ -318,18 +235,7 @@ def test_max_model_len_defaults_to_the_model_and_may_only_shrink(tiny_folder: Pa
 
 def test_bfloat16_stays_close_to_float32(tiny_folder: Path) -> None:
     tokens = list(range(3, 40))
-    plan = SchedulerOutput(
-        [
-            ScheduledRequest(
-                request_id="a",
-                token_ids=tokens,
-                start_position=0,
-                block_table=list(range(10)),
-                sample=True,
-                sampling=GREEDY,
-            )
-        ]
-    )
+    plan = SchedulerOutput([ScheduledRequest("a", tokens, 0, list(range(10)), True, GREEDY)])
     logits = {}
     for dtype in (torch.float32, torch.bfloat16):
         executor = TorchExecutor(load_folder(tiny_folder, dtype), block_size=BLOCK, num_blocks=16)
@@ -422,11 +328,8 @@ def test_a_step_padded_once_gives_the_logits_of_each_matmul_padding_its_own_inpu
     rng = random.Random(5)
     plan = SchedulerOutput(
         [
-            ScheduledRequest(
-                request_id=rid, token_ids=[rng.randrange(101) for _ in range(n)],
-                start_position=0, block_table=table, sample=True, sampling=GREEDY,
-            )
-            for rid, n, table in (("a", 30, list(range(8))), ("b", 15, list(range(8, 12))))
+            ScheduledRequest("a", [rng.randrange(101) for _ in range(30)], 0, list(range(8)), True, GREEDY),
+            ScheduledRequest("b", [rng.randrange(101) for _ in range(15)], 0, list(range(8, 12)), True, GREEDY),
         ]
     )  # fmt: skip
     assert runner._matmul_rows(45) == 48

@@ -124,8 +124,7 @@ def assert_same_logits_every_step(
     try:
         for step in STEPS:
             plan = SchedulerOutput(
-                [ScheduledRequest(request_id=r, token_ids=sequences[r][a:b], start_position=a,
-                                  block_table=tables[r], sample=True, sampling=GREEDY)
+                [ScheduledRequest(r, sequences[r][a:b], a, tables[r], True, GREEDY)
                  for r, a, b in step]
             )  # fmt: skip
             got, expected = stacked.logits(plan), op_by_op.logits(plan)
@@ -213,8 +212,7 @@ def test_steps_past_the_row_bound_run_op_by_op(kernels: Kernels, weights: LlamaW
     op_by_op.stack = None
     for step in range(3):  # request i joins at step i, one token a step
         plan = SchedulerOutput(
-            [ScheduledRequest(request_id=r, token_ids=[7 + i], start_position=step - i,
-                              block_table=[i], sample=True, sampling=GREEDY)
+            [ScheduledRequest(r, [7 + i], step - i, [i], True, GREEDY)
              for i, r in enumerate("abc"[: step + 1])]
         )  # fmt: skip
         assert torch.equal(stacked.logits(plan).logits, op_by_op.logits(plan).logits)

@@ -42,21 +42,15 @@ class BlockPool:
         """Take ``n`` blocks from the free queue; the caller checked ``n <= num_free``."""
         if n > len(self.free_queue):
             raise RuntimeError(f"asked for {n} blocks with {len(self.free_queue)} free")
-        blocks = []
-        for _ in range(n):
-            block, _ = self.free_queue.popitem(last=False)
-            h = self.block_hashes[block]
-            if h is not None:
-                del self.cached[h]
-                self.block_hashes[block] = None
-            self.ref_counts[block] = 1
-            blocks.append(block)
-        self.num_used += n
-        return blocks
+        # The class's own ``allocate_one``: ``record_evictions`` replaces the instance's,
+        # which records through this method.
+        take = BlockPool.allocate_one
+        return [take(self) for _ in range(n)]
 
     def allocate_one(self) -> int:
-        """``allocate(1)``'s block without its loop and list (a running request's next
-        block, the common allocation); the caller checked ``num_free >= 1``."""
+        """The front block of the free queue, evicting the cached hash it carries, with
+        one reference: ``allocate(1)``'s block without the list (a running request's next
+        block, the common allocation). The caller checked ``num_free >= 1``."""
         block, _ = self.free_queue.popitem(last=False)
         h = self.block_hashes[block]
         if h is not None:
@@ -67,8 +61,9 @@ class BlockPool:
         return block
 
     def record_evictions(self, events: list[KVEvent]) -> None:
-        """From now on, append to ``events`` one ``BlockRemoved`` per ``allocate`` that
-        evicts cached hashes, naming exactly those hashes in eviction order."""
+        """From now on, append to ``events`` one ``BlockRemoved`` per ``allocate`` (or
+        ``allocate_one``) that evicts cached hashes, naming exactly those hashes in
+        eviction order."""
         self._events = events
         # Chosen once here, so a pool nobody listens to runs the plain loop unchanged.
         self.allocate = self._allocate_recording  # type: ignore[method-assign]
