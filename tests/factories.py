@@ -1,20 +1,44 @@
-"""Factories for requests, schedulers and engines over the fake executor."""
+"""Factories for requests, plan entries, schedulers and engines over the fake executor."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.core.clock import VirtualClock
 from orchestrator.core.config import SchedulerConfig
 from orchestrator.core.engine import EngineCore, EngineStep
 from orchestrator.core.kv.manager import KVCacheManager
+from orchestrator.core.output import ScheduledRequest
 from orchestrator.core.predictor import ModelStepTimePredictor, StepTimePredictor
 from orchestrator.core.request import Request, SamplingParams
 from orchestrator.core.sched.scheduler import Scheduler
 from tests.fakes import FakeExecutor
 
 _ids = itertools.count()
+
+
+def plan_entry(
+    request_id: str,
+    token_ids: Sequence[int],
+    start_position: int,
+    block_table: Sequence[int],
+    sample: bool,
+    sampling: SamplingParams,
+    **facts: Any,
+) -> ScheduledRequest:
+    """A ``ScheduledRequest`` from its first six fields in order and any other by name
+    (the record takes keywords only; tests build many, a row at a time)."""
+    return ScheduledRequest(
+        request_id=request_id,
+        token_ids=token_ids,
+        start_position=start_position,
+        block_table=block_table,
+        sample=sample,
+        sampling=sampling,
+        **facts,
+    )
 
 
 def make_request(

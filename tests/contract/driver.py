@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.executor import Executor
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
+from tests.factories import plan_entry
 
 
 @dataclass
@@ -63,7 +63,7 @@ def generate(
             while len(s.blocks) * block_size < end:
                 s.blocks.append(free.pop(0))
             scheduled.append(
-                ScheduledRequest(
+                plan_entry(
                     rid,
                     known[s.computed : end],
                     s.computed,

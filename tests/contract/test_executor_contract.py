@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.config import ConstraintsConfig
 from orchestrator.core.constraint import ConstraintBackend, ConstraintKind, ConstraintSpec
 from orchestrator.core.errors import AdmissionError
@@ -17,6 +16,7 @@ from orchestrator.core.request import Request, SamplingParams
 from orchestrator.core.sched.constraints import ConstraintCompiles
 from tests.contract.conftest import ExecutorCase
 from tests.contract.driver import generate
+from tests.factories import plan_entry
 
 GREEDY = SamplingParams(temperature=0)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.9, seed=1234)
@@ -36,7 +36,7 @@ def test_kv_capacity_is_positive_and_constant(case: ExecutorCase, executor: Exec
     assert isinstance(capacity, int) and capacity > 0
     tokens = prompt(case, 5, 0)
     table = list(range(blocks_for(case, len(tokens))))
-    executor.execute(SchedulerOutput([ScheduledRequest("a", tokens, 0, table, True, GREEDY)]))
+    executor.execute(SchedulerOutput([plan_entry("a", tokens, 0, table, True, GREEDY)]))
     assert executor.info().num_kv_blocks == capacity
 
 
@@ -45,7 +45,7 @@ def test_samples_exactly_the_requests_that_sample(case: ExecutorCase, executor: 
     tables = [[2 * i, 2 * i + 1] for i in range(3)]
     plan = SchedulerOutput(
         [
-            ScheduledRequest(rid, prompt(case, n, i), 0, tables[i], sample, GREEDY)
+            plan_entry(rid, prompt(case, n, i), 0, tables[i], sample, GREEDY)
             for i, (rid, sample) in enumerate([("a", True), ("b", False), ("c", True)])
         ]
     )
@@ -62,8 +62,8 @@ def test_execute_does_not_mutate_the_plan(case: ExecutorCase, executor: Executor
     table_b = list(range(blocks_for(case, 5)))
     plan = SchedulerOutput(
         [
-            ScheduledRequest("a", prompt(case, 7, 1), 0, table_a, True, SEEDED),
-            ScheduledRequest("b", prompt(case, 1, 2), 4, table_b, True, GREEDY),
+            plan_entry("a", prompt(case, 7, 1), 0, table_a, True, SEEDED),
+            plan_entry("b", prompt(case, 1, 2), 4, table_b, True, GREEDY),
         ],
         preempted_ids=["x"],
         finished_ids=["y"],
@@ -76,7 +76,7 @@ def test_execute_does_not_mutate_the_plan(case: ExecutorCase, executor: Executor
 def test_every_block_id_below_capacity_is_usable(case: ExecutorCase, executor: Executor) -> None:
     last = executor.info().num_kv_blocks - 1
     tokens = prompt(case, case.block_size + 1, 3)
-    plan = SchedulerOutput([ScheduledRequest("a", tokens, 0, [last, 0], True, GREEDY)])
+    plan = SchedulerOutput([plan_entry("a", tokens, 0, [last, 0], True, GREEDY)])
     assert set(executor.execute(plan).sampled) == {"a"}
 
 
@@ -89,8 +89,8 @@ def test_logprobs_come_only_for_requests_that_ask(case: ExecutorCase, executor: 
     asks = SamplingParams(temperature=0, logprobs=2)
     plan = SchedulerOutput(
         [
-            ScheduledRequest("a", prompt(case, 4, 4), 0, [0], True, asks),
-            ScheduledRequest("b", prompt(case, 4, 5), 0, [1], True, GREEDY),
+            plan_entry("a", prompt(case, 4, 4), 0, [0], True, asks),
+            plan_entry("b", prompt(case, 4, 5), 0, [1], True, GREEDY),
         ]
     )
     result = executor.execute(plan)
@@ -177,7 +177,7 @@ def test_constraints_are_enforced_where_claimed_and_refused_elsewhere(
     for step in range(3):
         run = tokens + generated if step == 0 else generated[-1:]
         start = 0 if step == 0 else len(tokens) + len(generated) - 1
-        entry = ScheduledRequest("c", run, start, table, True, SEEDED, constraint=handle)
+        entry = plan_entry("c", run, start, table, True, SEEDED, constraint=handle)
         result = executor.execute(SchedulerOutput([entry]))
         assert not result.failed, result.failed
         generated.append(result.sampled["c"])

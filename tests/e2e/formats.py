@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from plugins.torch_executor import TorchExecutor
 from plugins.torch_executor.weights import LlamaWeights
 from tests.e2e.generation import BLOCK, GREEDY
+from tests.factories import plan_entry
 
 
 def teacher_forced_logits(
@@ -32,7 +32,7 @@ def teacher_forced_logits(
     for t in range(steps):
         plan = SchedulerOutput(
             [
-                ScheduledRequest(
+                plan_entry(
                     str(i),
                     p if t == 0 else [continuations[i][t - 1]],
                     0 if t == 0 else len(p) + t - 1,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import msgspec
 import pytest
 import torch
 
@@ -32,6 +33,7 @@ from tests.e2e.constrained import (
     sampling,
     text_of,
 )
+from tests.factories import plan_entry
 
 pytestmark = pytest.mark.slow
 
@@ -179,7 +181,7 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
     assert not broken.consume_token(letter)  # its matcher is now in its error state
 
     def entry(rid: str, blocks: list[int], handle: object) -> ScheduledRequest:
-        return ScheduledRequest(
+        return plan_entry(
             rid, [1, 2, 3], 0, blocks, True, sampling(4, (2,), temperature=0), constraint=handle
         )
 
@@ -193,7 +195,9 @@ def test_a_token_the_matcher_refuses_fails_only_that_request(
     # The advance step refuses a token too: feed the healthy matcher a letter directly.
     matchers = executor.runner.matchers
     assert matchers is not None
-    pending = matchers.start([entry("healthy", [1], healthy)._replace(start_position=1)])
+    pending = matchers.start(
+        [msgspec.structs.replace(entry("healthy", [1], healthy), start_position=1)]
+    )
     matchers.apply(pending, torch.zeros(1, weights_f32.args.vocab_size), [0])
     sampled = {"healthy": letter}
     matchers.advance(pending, sampled)

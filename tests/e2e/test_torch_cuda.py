@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams, Submission
 from plugins.torch_executor import TorchExecutor
@@ -26,6 +25,7 @@ from tests.e2e.generation import (
     run_engine,
 )
 from tests.e2e.models import smollm_folder
+from tests.factories import plan_entry
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,7 +61,7 @@ def test_mixed_batch_logits_match_transformers_on_cuda(
     for step in steps:
         plan = SchedulerOutput(
             [
-                ScheduledRequest(rid, seqs[rid][a:b], a, tables[rid], sample, GREEDY)
+                plan_entry(rid, seqs[rid][a:b], a, tables[rid], sample, GREEDY)
                 for rid, (a, b, sample) in step.items()
             ]
         )
@@ -107,11 +107,11 @@ def test_graph_decode_equals_eager_decode(
         executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=128, cuda_graphs=graphs)
         tables = {i: list(range(8 * i, 8 * i + 8)) for i in range(5)}
         prefill = [
-            ScheduledRequest(f"r{i}", prompts[i + 3], 0, tables[i], True, GREEDY) for i in range(5)
+            plan_entry(f"r{i}", prompts[i + 3], 0, tables[i], True, GREEDY) for i in range(5)
         ]
         executor.runner.logits(SchedulerOutput(prefill))
         decode = [
-            ScheduledRequest(f"r{i}", [17], len(prompts[i + 3]), tables[i], True, GREEDY)
+            plan_entry(f"r{i}", [17], len(prompts[i + 3]), tables[i], True, GREEDY)
             for i in range(5)
         ]
         logits[graphs] = executor.runner.logits(SchedulerOutput(decode)).logits
@@ -122,7 +122,7 @@ def test_graph_decode_equals_eager_decode(
 def test_bfloat16_stays_close_to_float32_on_cuda(
     cuda_f32: LlamaWeights, cuda_bf16: LlamaWeights, prompts: list[list[int]]
 ) -> None:
-    plan = SchedulerOutput([ScheduledRequest("a", prompts[10], 0, list(range(8)), True, GREEDY)])
+    plan = SchedulerOutput([plan_entry("a", prompts[10], 0, list(range(8)), True, GREEDY)])
     probs = {}
     for weights in (cuda_f32, cuda_bf16):
         executor = TorchExecutor(weights, block_size=BLOCK, num_blocks=16)

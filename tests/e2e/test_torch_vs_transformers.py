@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams, Submission
 from plugins.torch_executor import TorchExecutor
@@ -23,6 +22,7 @@ from tests.e2e.generation import (
     make_engine,
     run_engine,
 )
+from tests.factories import plan_entry
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_mixed_batch_logits_match_transformers(
     for step in steps:
         plan = SchedulerOutput(
             [
-                ScheduledRequest(rid, seqs[rid][a:b], a, tables[rid], sample, GREEDY)
+                plan_entry(rid, seqs[rid][a:b], a, tables[rid], sample, GREEDY)
                 for rid, (a, b, sample) in step.items()
             ]
         )

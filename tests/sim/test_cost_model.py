@@ -6,9 +6,9 @@ import pytest
 
 from orchestrator.common.cost_model import CostModel
 from orchestrator.common.specs import GPUSpec, load_gpu_spec, load_model_spec
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
+from tests.factories import plan_entry
 
 LLAMA_70B = load_model_spec("llama3-70b")
 H100 = load_gpu_spec("h100-sxm")
@@ -19,8 +19,7 @@ def plan_of(*shapes: tuple[int, int]) -> SchedulerOutput:
     params = SamplingParams()
     return SchedulerOutput(
         scheduled=[
-            ScheduledRequest(f"r{i}", [1] * n, p, [], True, params)
-            for i, (n, p) in enumerate(shapes)
+            plan_entry(f"r{i}", [1] * n, p, [], True, params) for i, (n, p) in enumerate(shapes)
         ]
     )
 
@@ -97,8 +96,8 @@ def test_a_chunk_mid_sequence_attends_like_its_tokens_one_by_one() -> None:
 def test_lm_head_flops_count_only_for_sampling_requests() -> None:
     model = CostModel(LLAMA_70B, H100)
     params = SamplingParams()
-    sampling = SchedulerOutput([ScheduledRequest("a", [1] * 512, 0, [], True, params)])
-    silent = SchedulerOutput([ScheduledRequest("a", [1] * 512, 0, [], False, params)])
+    sampling = SchedulerOutput([plan_entry("a", [1] * 512, 0, [], True, params)])
+    silent = SchedulerOutput([plan_entry("a", [1] * 512, 0, [], False, params)])
     diff = model.step_cost(sampling).dense_compute_s - model.step_cost(silent).dense_compute_s
     vocab_flops = 2 * LLAMA_70B.vocab_size * LLAMA_70B.hidden_size
     assert diff == pytest.approx(vocab_flops / H100.bf16_flops)

@@ -10,12 +10,12 @@ import pytest
 from orchestrator.common.capacity import DEFAULT_RUNTIME_RESERVE_BYTES
 from orchestrator.common.deployment import Deployment, DoesNotFitError
 from orchestrator.common.specs import load_gpu_spec, load_model_spec
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.config import ConfigError, EngineConfig, SchedulerConfig, load_engine_config
 from orchestrator.core.executor import Executor, create_executor
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
 from plugins.sim_executor import SimExecutor
+from tests.factories import plan_entry
 
 LLAMA_70B = load_model_spec("llama3-70b")
 H100 = load_gpu_spec("h100-sxm")
@@ -107,7 +107,7 @@ def _plan(*entries: tuple[str, int, int, bool], stops: tuple[int, ...] = ()) -> 
     params = SamplingParams(stop_token_ids=stops)
     return SchedulerOutput(
         scheduled=[
-            ScheduledRequest(rid, [7] * n, p, list(range(math.ceil((n + p) / 16))), sample, params)
+            plan_entry(rid, [7] * n, p, list(range(math.ceil((n + p) / 16))), sample, params)
             for rid, n, p, sample in entries
         ]
     )

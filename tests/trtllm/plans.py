@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from orchestrator.core.executor import Executor
 from orchestrator.core.output import ScheduledRequest, SchedulerOutput, StepResult
 from orchestrator.core.request import SamplingParams
+from tests.factories import plan_entry
 from tests.trtllm.fake_model import next_token_logits
 
 GREEDY = SamplingParams(max_tokens=64, temperature=0)
@@ -39,7 +40,7 @@ class Seq:
         end = self.computed + (n if chunk is None else min(chunk, n))
         table = self.blocks[: -(-end // self.block_size)]
         assert len(table) * self.block_size >= end, "give the Seq more blocks"
-        return ScheduledRequest(
+        return plan_entry(
             self.request_id,
             known[self.computed : end],
             self.computed,

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
 from plugins.trtllm import TrtllmError, TrtllmStalledError
 from plugins.trtllm.runner import resume_seed
+from tests.factories import plan_entry
 from tests.trtllm.conftest import Mode
 from tests.trtllm.plans import GREEDY, Seq, greedy_logprob, greedy_tokens, prompt_of, step
 
@@ -188,7 +188,7 @@ def test_a_decode_of_another_token_is_refused(mode: Mode) -> None:
     executor = mode.start()
     seq = Seq("a", prompt_of(5, 18), blocks=[0])
     step(executor, [seq])
-    wrong = ScheduledRequest("a", [seq.output[0] + 1], 5, [0], True, GREEDY)
+    wrong = plan_entry("a", [seq.output[0] + 1], 5, [0], True, GREEDY)
     with pytest.raises(TrtllmError, match=r"runs in TensorRT-LLM after token"):
         executor.execute(SchedulerOutput([wrong]))
 

@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core import ConfigError, EngineConfig, ScheduledRequest
+from orchestrator.core import ConfigError, EngineConfig
 from orchestrator.core.request import SamplingParams
 from plugins.trtllm import TrtllmError, names
 from plugins.trtllm.in_executor import install as inst
 from plugins.trtllm.in_executor.facts import RequestFacts
 from plugins.trtllm.llm_api.config import TrtllmLlmApiConfig
 from plugins.trtllm.llm_api.executor import TrtllmLlmApiExecutor
+from tests.factories import plan_entry
 from tests.trtllm import fake_llmapi
 from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.conftest import LlmCalls, spy_llmapi
@@ -163,14 +164,14 @@ def test_a_plans_facts_reach_the_channel_under_the_llms_request_id(
     executor, _ = start(tmp_path, "1.3.0rc27", calls, monkeypatch)
     try:
         sampling = SamplingParams(max_tokens=2, temperature=0)
-        planned = ScheduledRequest(
+        planned = plan_entry(
             "r",
             prompt_of(4, 3),
             0,
             [0],
             True,
             sampling,
-            2,
+            priority=2,
             slo_class="chat",
             tenant="acme",
             arrival_time=4.5,

@@ -24,6 +24,7 @@ from orchestrator.core import (
 from plugins.trtllm import TrtllmLlmApiConfig, TrtllmLlmApiExecutor
 from plugins.trtllm.llm_api.guided import Guide, constraint_kinds, guide_of
 from plugins.trtllm.llm_api.settings import load_settings
+from tests.factories import plan_entry
 from tests.trtllm import fake_llmapi
 from tests.trtllm.builds import FakeBuild, write_build
 
@@ -92,7 +93,7 @@ def _engine(executor: TrtllmLlmApiExecutor) -> EngineCore:
 
 def _entry(tokens: list[int], start: int, handle: object) -> ScheduledRequest:
     params = SamplingParams(max_tokens=4, temperature=0)
-    return ScheduledRequest("r", tokens, start, [0, 1], True, params, constraint=handle)
+    return plan_entry("r", tokens, start, [0, 1], True, params, constraint=handle)
 
 
 def test_a_guide_reaches_generate_async_and_a_resumed_one_fails(tmp_path: Path) -> None:

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator.core import ScheduledRequest, SchedulerOutput
+from orchestrator.core import SchedulerOutput
 from plugins.trtllm.llm_api import translate
 from plugins.trtllm.llm_api.backend import EventLoopThread
 from plugins.trtllm.runner import Ask
+from tests.factories import plan_entry
 from tests.trtllm import fake_llmapi
 from tests.trtllm.builds import FakeBuild, write_build
 from tests.trtllm.conftest import LlmCalls, StartLlmExecutor, spy_llmapi
@@ -196,7 +197,7 @@ def test_priorities_reach_a_release_that_takes_them(
     assert sent == [translate.llm_priority(3), translate.llm_priority(-2)]
     assert llm_calls.generate_options[0]["priority"] == 0.5  # the warm-up: the default
     # Through a plan: the scheduler's ScheduledRequest.priority is what reaches the LLM.
-    plan = SchedulerOutput([ScheduledRequest("r", [1, 2, 3], 0, [0], True, GREEDY, 7)])
+    plan = SchedulerOutput([plan_entry("r", [1, 2, 3], 0, [0], True, GREEDY, priority=7)])
     executor.execute(plan)
     assert llm_calls.generate_options[-1]["priority"] == translate.llm_priority(7)
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orchestrator.core import PredictorConfig, ScheduledRequest, StepTimePrior
+from orchestrator.core import PredictorConfig, StepTimePrior
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.predictor import (
     ErrorWindow,
@@ -17,7 +17,7 @@ from orchestrator.core.predictor import (
     fit_prior,
 )
 from orchestrator.core.request import SamplingParams
-from tests.factories import make_engine, make_request, run_to_completion
+from tests.factories import make_engine, make_request, plan_entry, run_to_completion
 
 
 def truth(f: StepFeatures) -> float:
@@ -79,8 +79,8 @@ def test_features_of_a_plan_count_tokens_context_and_pairs() -> None:
     params = SamplingParams()
     plan = SchedulerOutput(
         [
-            ScheduledRequest("a", [1] * 4, 10, (0,), True, params),
-            ScheduledRequest("b", [1], 7, (1,), True, params),
+            plan_entry("a", [1] * 4, 10, (0,), True, params),
+            plan_entry("b", [1], 7, (1,), True, params),
         ]
     )
     # pairs: 4 x 10 + 4 x 5 / 2 = 50 for a, 1 x 7 + 1 = 8 for b.

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
 from plugins.torch_executor import TorchExecutor
@@ -21,6 +20,7 @@ from plugins.torch_executor.native import Kernels
 from plugins.torch_executor.paged import SequenceSlice
 from plugins.torch_executor.weights import load_folder
 from tests.e2e.models import hf_model, write_tiny_llama
+from tests.factories import plan_entry
 
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0)
@@ -59,7 +59,7 @@ def run_steps(
     for step in STEPS:
         plan = SchedulerOutput(
             [
-                ScheduledRequest(rid, sequences[rid][a:b], a, tables[rid], sample, GREEDY)
+                plan_entry(rid, sequences[rid][a:b], a, tables[rid], sample, GREEDY)
                 for rid, a, b, sample in step
             ]
         )
@@ -94,11 +94,11 @@ def test_mixed_batches_match_transformers(tiny_folder: Path) -> None:
 
 
 BAD_ENTRIES = {
-    "outside the pool": ScheduledRequest("x", [1, 2], 0, [8], True, GREEDY),
-    "needs 2 blocks": ScheduledRequest("x", [1] * 5, 0, [6], True, GREEDY),
-    "outside the model's": ScheduledRequest("x", [1], 32, [6] * 9, True, GREEDY),
-    "token ids outside": ScheduledRequest("x", [101], 0, [6], True, GREEDY),
-    "no tokens": ScheduledRequest("x", [], 0, [6], True, GREEDY),
+    "outside the pool": plan_entry("x", [1, 2], 0, [8], True, GREEDY),
+    "needs 2 blocks": plan_entry("x", [1] * 5, 0, [6], True, GREEDY),
+    "outside the model's": plan_entry("x", [1], 32, [6] * 9, True, GREEDY),
+    "token ids outside": plan_entry("x", [101], 0, [6], True, GREEDY),
+    "no tokens": plan_entry("x", [], 0, [6], True, GREEDY),
 }
 
 
@@ -108,9 +108,9 @@ def test_an_entry_it_cannot_run_fails_alone(tiny_folder: Path, message: str) -> 
     the cache, and the good ones get exactly the tokens they get when run alone."""
     weights = load_folder(tiny_folder, torch.float32)
     good = [
-        ScheduledRequest("a", list(range(3, 12)), 0, [0, 1, 2], True, GREEDY),
-        ScheduledRequest("b", [7, 8, 9, 10, 11], 0, [3, 4], True, GREEDY),
-        ScheduledRequest("c", [5, 6, 7], 0, [5], False, GREEDY),
+        plan_entry("a", list(range(3, 12)), 0, [0, 1, 2], True, GREEDY),
+        plan_entry("b", [7, 8, 9, 10, 11], 0, [3, 4], True, GREEDY),
+        plan_entry("c", [5, 6, 7], 0, [5], False, GREEDY),
     ]
     alone = TorchExecutor(weights, block_size=BLOCK, num_blocks=8, max_model_len=32)
     expected = alone.execute(SchedulerOutput(good))
@@ -206,11 +206,11 @@ def test_bucketed_decode_forward_matches_the_eager_one(tiny_folder: Path) -> Non
     prompts = {f"r{i}": [rng.randrange(101) for _ in range(4 + 5 * i)] for i in range(5)}
     tables = {rid: list(range(10 * i, 10 * i + 9)) for i, rid in enumerate(prompts)}
     prefill = SchedulerOutput(
-        [ScheduledRequest(r, p, 0, tables[r], True, GREEDY) for r, p in prompts.items()]
+        [plan_entry(r, p, 0, tables[r], True, GREEDY) for r, p in prompts.items()]
     )
     for executor in (eager, bucketed):
         executor.runner.logits(prefill)
-    decode = [ScheduledRequest(r, [9], len(p), tables[r], True, GREEDY) for r, p in prompts.items()]
+    decode = [plan_entry(r, [9], len(p), tables[r], True, GREEDY) for r, p in prompts.items()]
     expected = eager.runner.logits(SchedulerOutput(decode)).logits
     slices = [SequenceSlice(i, 1, s.start_position, s.block_table) for i, s in enumerate(decode)]
     got = graphs.run(slices, [9] * len(decode))
@@ -235,7 +235,7 @@ def test_max_model_len_defaults_to_the_model_and_may_only_shrink(tiny_folder: Pa
 
 def test_bfloat16_stays_close_to_float32(tiny_folder: Path) -> None:
     tokens = list(range(3, 40))
-    plan = SchedulerOutput([ScheduledRequest("a", tokens, 0, list(range(10)), True, GREEDY)])
+    plan = SchedulerOutput([plan_entry("a", tokens, 0, list(range(10)), True, GREEDY)])
     logits = {}
     for dtype in (torch.float32, torch.bfloat16):
         executor = TorchExecutor(load_folder(tiny_folder, dtype), block_size=BLOCK, num_blocks=16)
@@ -328,8 +328,8 @@ def test_a_step_padded_once_gives_the_logits_of_each_matmul_padding_its_own_inpu
     rng = random.Random(5)
     plan = SchedulerOutput(
         [
-            ScheduledRequest("a", [rng.randrange(101) for _ in range(30)], 0, list(range(8)), True, GREEDY),
-            ScheduledRequest("b", [rng.randrange(101) for _ in range(15)], 0, list(range(8, 12)), True, GREEDY),
+            plan_entry("a", [rng.randrange(101) for _ in range(30)], 0, list(range(8)), True, GREEDY),
+            plan_entry("b", [rng.randrange(101) for _ in range(15)], 0, list(range(8, 12)), True, GREEDY),
         ]
     )  # fmt: skip
     assert runner._matmul_rows(45) == 48

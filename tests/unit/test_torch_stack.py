@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrator.core import ScheduledRequest
 from orchestrator.core.output import SchedulerOutput
 from orchestrator.core.request import SamplingParams
 from plugins.torch_executor.attention_bound import EVERY_CHUNK
@@ -25,6 +24,7 @@ from plugins.torch_executor.runner import ModelRunner
 from plugins.torch_executor.stack import DecodeStack
 from plugins.torch_executor.weights import LlamaWeights, load_folder
 from tests.e2e.models import write_tiny_llama
+from tests.factories import plan_entry
 from tests.unit.test_torch_paged import variant_kernels
 
 GREEDY = SamplingParams(temperature=0)
@@ -124,7 +124,7 @@ def assert_same_logits_every_step(
     try:
         for step in STEPS:
             plan = SchedulerOutput(
-                [ScheduledRequest(r, sequences[r][a:b], a, tables[r], True, GREEDY)
+                [plan_entry(r, sequences[r][a:b], a, tables[r], True, GREEDY)
                  for r, a, b in step]
             )  # fmt: skip
             got, expected = stacked.logits(plan), op_by_op.logits(plan)
@@ -212,7 +212,7 @@ def test_steps_past_the_row_bound_run_op_by_op(kernels: Kernels, weights: LlamaW
     op_by_op.stack = None
     for step in range(3):  # request i joins at step i, one token a step
         plan = SchedulerOutput(
-            [ScheduledRequest(r, [7 + i], step - i, [i], True, GREEDY)
+            [plan_entry(r, [7 + i], step - i, [i], True, GREEDY)
              for i, r in enumerate("abc"[: step + 1])]
         )  # fmt: skip
         assert torch.equal(stacked.logits(plan).logits, op_by_op.logits(plan).logits)
