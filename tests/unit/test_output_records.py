@@ -58,9 +58,9 @@ def test_a_record_cannot_be_changed_and_the_collector_does_not_track_it(
     assert not gc.is_tracked(built)
     gc.collect()
     before = gc.get_count()[0]
-    kept = [record(**REQUIRED[record]) for _ in range(1000)]
+    kept = [record(**REQUIRED[record]) for _ in range(1000)]  # alive while counted
     assert gc.get_count()[0] - before < 10, "building records counted toward a collection"
-    assert len(kept) == 1000
+    del kept
 
 
 def test_the_optional_fields_default_to_nothing_happened() -> None:

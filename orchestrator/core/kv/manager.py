@@ -286,7 +286,7 @@ class KVCacheManager:
         if full <= done or not self.enable_prefix_caching:
             return
         hashes = record.hashes
-        if full == done + 1 == len(hashes) + 1 and not self.records_events:
+        if full == done + 1 and len(hashes) == done and not self.records_events:
             # Most commits: a decode filled one block, not hashed before. Inline, without
             # the loops below: it happens to every running request once every
             # ``block_size`` steps (about 64 times a step at 1,024 running).
